@@ -1,0 +1,25 @@
+# The two commands: `make serve` and `make test`. Both create .venv on first use.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: serve test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/python -m mmserver.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python bench/batching_efficiency.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

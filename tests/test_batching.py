@@ -1,0 +1,437 @@
+"""ModelRunner: the batching rules of DESIGN.md section 3, each as a test that fails if broken."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+from mmserver.batching import (
+    ModelError,
+    ModelOutOfMemory,
+    ModelRunner,
+    QueueFull,
+    RunnerClosed,
+)
+
+POISON = -1.0
+
+
+class RecordingModel:
+    """Doubles its input plus one, so every output row identifies its input row.
+
+    Remembers the shape of every batch it saw, raises on rows holding POISON,
+    and can be held at a gate to keep the runner busy.
+    """
+
+    def __init__(self, delay_seconds: float = 0.0, oom_above_rows: int | None = None):
+        self.batches: list[tuple[int, ...]] = []
+        self.delay_seconds = delay_seconds
+        self.oom_above_rows = oom_above_rows
+        self.gate = threading.Event()
+        self.gate.set()
+        self.threads: set[str] = set()
+
+    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
+        self.threads.add(threading.current_thread().name)
+        self.gate.wait(timeout=30)
+        assert batch.shape[0] > 0, "the runner must never run an empty batch"
+        self.batches.append(tuple(batch.shape))
+        if self.delay_seconds:
+            time.sleep(self.delay_seconds)
+        if self.oom_above_rows is not None and batch.shape[0] > self.oom_above_rows:
+            raise torch.OutOfMemoryError(f"pretend OOM at {batch.shape[0]} rows")
+        if (batch == POISON).any():
+            raise RuntimeError("poisoned row")
+        assert torch.is_inference_mode_enabled()
+        return batch * 2 + 1
+
+    @property
+    def rows_seen(self) -> int:
+        return sum(shape[0] for shape in self.batches)
+
+
+def run(coro, timeout: float = 60):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def expected(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 + 1
+
+
+def test_each_request_gets_exactly_its_own_rows():
+    async def main():
+        model = RecordingModel()
+        async with ModelRunner(model, max_batch_size=8, max_wait=0.05, policy="timer") as runner:
+            inputs = [torch.full((n, 3), float(i)) for i, n in enumerate([1, 2, 3, 2])]
+            outputs = await asyncio.gather(*(runner.submit(x) for x in inputs))
+        for x, y in zip(inputs, outputs):
+            assert torch.equal(y, expected(x))
+        assert model.batches == [(8, 3)]
+
+    run(main())
+
+
+def test_shapes_never_mix_and_the_oldest_leads():
+    async def main():
+        model = RecordingModel()
+        async with ModelRunner(model, max_batch_size=4, max_wait=0.1, policy="timer") as runner:
+            a = [torch.full((1, 3), float(i)) for i in range(3)]
+            b = [torch.full((1, 5), float(i)) for i in range(3)]
+            interleaved = [a[0], b[0], a[1], b[1], a[2], b[2]]
+            outputs = await asyncio.gather(*(runner.submit(x) for x in interleaved))
+        for x, y in zip(interleaved, outputs):
+            assert torch.equal(y, expected(x))
+        assert model.batches == [(3, 3), (3, 5)]
+
+    run(main())
+
+
+def test_dtypes_never_mix():
+    async def main():
+        model = RecordingModel()
+        async with ModelRunner(model, max_batch_size=4, max_wait=0.1, policy="timer") as runner:
+            xs = [torch.ones(1, 2, dtype=torch.float64), torch.ones(1, 2, dtype=torch.float32)]
+            outputs = await asyncio.gather(*(runner.submit(x) for x in xs))
+        assert [y.dtype for y in outputs] == [torch.float64, torch.float32]
+        assert len(model.batches) == 2
+
+    run(main())
+
+
+def test_a_full_queue_refuses_at_once_before_any_work():
+    async def main():
+        model = RecordingModel()
+        model.gate.clear()
+        async with ModelRunner(model, max_batch_size=1, max_wait=0, max_queue_size=2) as runner:
+            first = asyncio.create_task(runner.submit(torch.zeros(1, 2)))
+            await asyncio.sleep(0.05)  # taken into a batch; the model is held at the gate
+            queued = [asyncio.create_task(runner.submit(torch.ones(1, 2))) for _ in range(2)]
+            await asyncio.sleep(0.01)
+            assert runner.queue_depth == 2
+            started = time.perf_counter()
+            with pytest.raises(QueueFull) as refused:
+                await runner.submit(torch.full((1, 2), 7.0))
+            assert time.perf_counter() - started < 0.05
+            assert refused.value.retry_after_seconds >= 1
+            with pytest.raises(QueueFull):
+                runner.reserve()
+            model.gate.set()
+            await asyncio.gather(first, *queued)
+        assert model.rows_seen == 3
+        assert runner.stats.requests_rejected == 2
+
+    run(main())
+
+
+def test_a_reservation_holds_a_slot_until_used_or_released():
+    async def main():
+        model = RecordingModel()
+        async with ModelRunner(model, max_batch_size=4, max_wait=0, max_queue_size=1) as runner:
+            slot = runner.reserve()
+            with pytest.raises(QueueFull):
+                await runner.submit(torch.ones(1, 1))
+            slot.release()
+            assert torch.equal(await runner.submit(torch.ones(1, 1)), torch.full((1, 1), 3.0))
+            with runner.reserve() as slot:
+                assert torch.equal(await slot.submit(torch.zeros(1, 1)), torch.ones(1, 1))
+            assert runner.queue_depth == 0
+
+    run(main())
+
+
+def test_a_failing_request_fails_alone_and_the_runner_keeps_serving():
+    async def main():
+        model = RecordingModel()
+        async with ModelRunner(model, max_batch_size=4, max_wait=0.1, policy="timer") as runner:
+            xs = [torch.full((1, 2), v) for v in (1.0, POISON, 3.0, 4.0)]
+            results = await asyncio.gather(*(runner.submit(x) for x in xs),
+                                           return_exceptions=True)
+            assert isinstance(results[1], ModelError)
+            assert "poisoned row" in str(results[1])
+            for i in (0, 2, 3):
+                assert torch.equal(results[i], expected(xs[i]))
+            assert model.batches[0] == (4, 2)  # tried together first, then one by one
+            later = await runner.submit(torch.full((1, 2), 5.0))
+            assert torch.equal(later, torch.full((1, 2), 11.0))
+        assert runner.stats.requests_failed == 1
+
+    run(main())
+
+
+def test_out_of_memory_retries_smaller_then_gives_up_on_one_request():
+    async def main():
+        model = RecordingModel(oom_above_rows=2)
+        async with ModelRunner(model, max_batch_size=8, max_wait=0.1, policy="timer") as runner:
+            xs = [torch.full((1, 2), float(i)) for i in range(4)] + [torch.zeros(3, 2)]
+            results = await asyncio.gather(*(runner.submit(x) for x in xs),
+                                           return_exceptions=True)
+        for x, y in zip(xs[:4], results[:4]):
+            assert torch.equal(y, expected(x))
+        assert isinstance(results[4], ModelOutOfMemory)
+
+    run(main())
+
+
+def test_a_request_larger_than_max_batch_size_runs_alone_and_whole():
+    async def main():
+        model = RecordingModel()
+        async with ModelRunner(model, max_batch_size=2, max_wait=0.05, policy="timer") as runner:
+            big = torch.arange(10.0).reshape(5, 2)
+            y = await runner.submit(big)
+        assert torch.equal(y, expected(big))
+        assert model.batches == [(5, 2)]
+
+    run(main())
+
+
+def test_the_books_stale_timer_crash_cannot_happen():
+    """Bursts that fill batches while a timer is pending, for many rounds (DESIGN.md 2.3)."""
+
+    async def main():
+        model = RecordingModel()
+        rng = random.Random(3)
+        async with ModelRunner(model, max_batch_size=3, max_wait=0.01, policy="timer") as runner:
+            for round_ in range(150):
+                burst = [torch.full((1, 2), float(round_ * 10 + i))
+                         for i in range(rng.choice([1, 2, 3, 4, 6]))]
+                outputs = await asyncio.gather(*(runner.submit(x) for x in burst))
+                for x, y in zip(burst, outputs):
+                    assert torch.equal(y, expected(x))
+                await asyncio.sleep(rng.choice([0, 0.001, 0.005, 0.012]))
+            assert runner.running
+        assert all(shape[0] >= 1 for shape in model.batches)
+        assert runner.stats.requests_failed == 0
+
+    run(main())
+
+
+def test_a_cancelled_request_is_dropped_before_its_batch_is_formed():
+    async def main():
+        model = RecordingModel()
+        async with ModelRunner(model, max_batch_size=8, max_wait=0.2, policy="timer") as runner:
+            tasks = [asyncio.create_task(runner.submit(torch.full((1, 2), float(i))))
+                     for i in range(5)]
+            await asyncio.sleep(0.02)
+            tasks[1].cancel()
+            tasks[3].cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(results[1], asyncio.CancelledError)
+        assert isinstance(results[3], asyncio.CancelledError)
+        assert model.batches == [(3, 2)]
+        assert runner.stats.requests_cancelled == 2
+
+    run(main())
+
+
+def test_greedy_does_not_make_a_lone_request_wait():
+    async def main():
+        model = RecordingModel()
+        async with ModelRunner(model, max_batch_size=8, max_wait=10.0, policy="greedy") as runner:
+            started = time.perf_counter()
+            await runner.submit(torch.ones(1, 2))
+            return time.perf_counter() - started
+
+    assert run(main()) < 1.0
+
+
+def test_timer_waits_for_company_up_to_max_wait_and_no_longer():
+    async def main():
+        model = RecordingModel()
+        async with ModelRunner(model, max_batch_size=8, max_wait=0.3, policy="timer") as runner:
+            started = time.perf_counter()
+            await runner.submit(torch.ones(1, 2))
+            lone = time.perf_counter() - started
+            started = time.perf_counter()
+            await asyncio.gather(*(runner.submit(torch.ones(1, 2)) for _ in range(8)))
+            full = time.perf_counter() - started
+        return lone, full
+
+    lone, full = run(main())
+    assert 0.3 <= lone < 2.0
+    assert full < 0.3
+
+
+def test_greedy_batches_what_accumulated_while_the_model_was_busy():
+    async def main():
+        model = RecordingModel()
+        model.gate.clear()
+        async with ModelRunner(model, max_batch_size=8, max_wait=0, policy="greedy") as runner:
+            first = asyncio.create_task(runner.submit(torch.zeros(1, 2)))
+            await asyncio.sleep(0.05)
+            rest = [asyncio.create_task(runner.submit(torch.ones(1, 2))) for _ in range(5)]
+            await asyncio.sleep(0.05)
+            model.gate.set()
+            await asyncio.gather(first, *rest)
+        assert model.batches == [(1, 2), (5, 2)]
+
+    run(main())
+
+
+def test_greedy_waits_for_reserved_company_at_most_max_wait():
+    async def main():
+        model = RecordingModel()
+        async with ModelRunner(model, max_batch_size=8, max_wait=0.2, policy="greedy") as runner:
+            slot = runner.reserve()  # a request still being decoded
+            started = time.perf_counter()
+            lone = asyncio.create_task(runner.submit(torch.ones(1, 2)))
+            await asyncio.sleep(0.05)
+            await slot.submit(torch.ones(1, 2))
+            await lone
+            assert model.batches == [(2, 2)]
+            assert time.perf_counter() - started < 0.2
+            forgotten = runner.reserve()
+            started = time.perf_counter()
+            await runner.submit(torch.ones(1, 2))
+            waited = time.perf_counter() - started
+            forgotten.release()
+        assert 0.2 <= waited < 2.0
+
+    run(main())
+
+
+def test_stop_answers_everything_accepted_and_then_refuses():
+    async def main():
+        model = RecordingModel()
+        runner = ModelRunner(model, max_batch_size=4, max_wait=30.0, policy="timer")
+        await runner.start()
+        tasks = [asyncio.create_task(runner.submit(torch.full((1, 1), float(i))))
+                 for i in range(10)]
+        await asyncio.sleep(0.01)
+        started = time.perf_counter()
+        await runner.stop()
+        assert time.perf_counter() - started < 5
+        results = await asyncio.gather(*tasks)
+        for i, y in enumerate(results):
+            assert y.item() == 2 * i + 1
+        with pytest.raises(RunnerClosed):
+            await runner.submit(torch.ones(1, 1))
+
+    run(main())
+
+
+def test_exactly_once_under_random_shapes_cancellations_and_failures():
+    """2,000 concurrent submits; each resolves once, with the answer for its own input."""
+
+    async def main():
+        rng = random.Random(2026)
+        model = RecordingModel()
+        runner = ModelRunner(model, max_batch_size=16, max_wait=0.002, max_queue_size=4096)
+        await runner.start()
+        submits, inputs, poisoned = [], [], []
+        for i in range(2000):
+            rows = rng.randint(1, 4)
+            width = rng.choice([2, 3, 5])
+            x = torch.full((rows, width), float(i))
+            bad = rng.random() < 0.05
+            if bad:
+                x[rng.randrange(rows), 0] = POISON
+            inputs.append(x)
+            poisoned.append(bad)
+            submits.append(asyncio.create_task(runner.submit(x)))
+            if i % 50 == 0:
+                await asyncio.sleep(0)
+        cancelled = set(rng.sample(range(2000), 200))
+        for i in cancelled:
+            submits[i].cancel()
+        results = await asyncio.gather(*submits, return_exceptions=True)
+        await runner.stop()
+        return inputs, poisoned, cancelled, results, runner, model
+
+    inputs, poisoned, cancelled, results, runner, model = run(main(), timeout=120)
+    computed_ok = failed = was_cancelled = 0
+    for i, (x, bad, result) in enumerate(zip(inputs, poisoned, results)):
+        if isinstance(result, asyncio.CancelledError):
+            assert i in cancelled
+            was_cancelled += 1
+        elif bad:
+            assert isinstance(result, ModelError), (i, result)
+            failed += 1
+        else:
+            assert isinstance(result, torch.Tensor), (i, result)
+            assert torch.equal(result, expected(x)), i
+            computed_ok += 1
+    stats = runner.stats
+    assert computed_ok + failed + was_cancelled == 2000
+    assert stats.requests_completed == computed_ok
+    assert stats.requests_failed == failed
+    # A task cancelled before it first ran never reached the runner; all others did, once.
+    assert stats.requests_submitted >= 2000 - len(cancelled)
+    assert (stats.requests_completed + stats.requests_failed + stats.requests_cancelled
+            == stats.requests_submitted)
+    assert max(stats.batch_size_counts) <= 16
+    assert runner.queue_depth == 0
+
+
+def test_the_event_loop_stays_responsive_while_a_slow_model_runs():
+    async def main():
+        model = RecordingModel(delay_seconds=0.5)
+        ticks: list[float] = []
+
+        async def heartbeat():
+            while True:
+                ticks.append(time.perf_counter())
+                await asyncio.sleep(0.01)
+
+        async with ModelRunner(model, max_batch_size=4, max_wait=0) as runner:
+            beating = asyncio.create_task(heartbeat())
+            await runner.submit(torch.ones(2, 2))
+            beating.cancel()
+        gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+        assert len(ticks) >= 20
+        assert max(gaps) < 0.2
+        assert all(name.startswith("mmserver-") for name in model.threads)
+
+    run(main())
+
+
+def test_settings_are_validated():
+    for bad in (dict(max_batch_size=0), dict(max_wait=-1), dict(max_wait=float("nan")),
+                dict(max_queue_size=0), dict(policy="fifo")):
+        with pytest.raises(ValueError):
+            ModelRunner(lambda x: x, **bad)
+
+
+def test_inputs_must_be_tensors_with_rows():
+    async def main():
+        async with ModelRunner(lambda x: x) as runner:
+            with pytest.raises(ValueError):
+                await runner.submit(torch.tensor(3.0))
+            with pytest.raises(TypeError):
+                await runner.submit([1, 2, 3])
+            assert runner.queue_depth == 0
+
+    run(main())
+
+
+def test_a_model_that_returns_the_wrong_number_of_rows_is_a_model_error():
+    async def main():
+        async with ModelRunner(lambda x: x[:1], max_wait=0) as runner:
+            with pytest.raises(ModelError, match="one row per input row"):
+                await runner.submit(torch.ones(3, 2))
+            assert runner.running
+
+    run(main())
+
+
+def test_statistics_count_batches_rows_and_waits():
+    async def main():
+        model = RecordingModel()
+        records = []
+        async with ModelRunner(model, max_batch_size=4, max_wait=0.05, policy="timer") as runner:
+            runner.add_listener(records.append)
+            await asyncio.gather(*(runner.submit(torch.ones(1, 2)) for _ in range(6)))
+        return runner.stats, records
+
+    stats, records = run(main())
+    assert stats.batches == 2
+    assert stats.rows == 6
+    assert stats.batch_size_counts == {4: 1, 2: 1}
+    assert stats.mean_batch_size == 3
+    assert [r.rows for r in records] == [4, 2]
+    assert records[1].queue_wait_seconds[0] >= 0.05 - 0.005
+    assert stats.compute_seconds_total > 0
