@@ -377,7 +377,8 @@ class ModelRunner:
             if request in self._queue:
                 self._queue.remove(request)
                 self._wakeup.set()
-            self.stats.requests_cancelled += 1
+            if request.future.cancelled():  # else it was answered just before the cancel
+                self.stats.requests_cancelled += 1
             raise
 
     # -- the batching loop ---------------------------------------------------

@@ -357,8 +357,9 @@ def test_exactly_once_under_random_shapes_cancellations_and_failures():
             computed_ok += 1
     stats = runner.stats
     assert computed_ok + failed + was_cancelled == 2000
-    assert stats.requests_completed == computed_ok
-    assert stats.requests_failed == failed
+    # A caller cancelled just after its answer was set still counts as answered by the runner.
+    assert computed_ok <= stats.requests_completed <= computed_ok + was_cancelled
+    assert failed <= stats.requests_failed <= failed + was_cancelled
     # A task cancelled before it first ran never reached the runner; all others did, once.
     assert stats.requests_submitted >= 2000 - len(cancelled)
     assert (stats.requests_completed + stats.requests_failed + stats.requests_cancelled
