@@ -1,0 +1,3 @@
+from mmserver.cli import main
+
+main()

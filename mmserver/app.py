@@ -1,0 +1,305 @@
+"""The aiohttp application: SageMaker's multi-model contract over HTTP.
+
+Routes (DESIGN.md section 4)::
+
+    POST   /models                  load {"model_name", "url"}
+    GET    /models                  list, ?limit=N&next_page_token=T
+    GET    /models/{name}           describe
+    DELETE /models/{name}           unload after accepted requests finish
+    POST   /models/{name}/invoke    run the model on the body
+    POST   /invocations             single-model mode (or X-Amzn-SageMaker-Target-Model)
+    GET    /ping                    health
+    GET    /metrics                 Prometheus text format
+
+This is the only module that knows status codes: it maps the package's
+domain errors to them and answers every error as
+``{"code": N, "type": "...", "message": "..."}`` (the MMS/TorchServe shape).
+Where SageMaker's contract is silent we follow AWS's multi-model-server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+
+from aiohttp import hdrs, web
+
+from mmserver import batching, codecs
+from mmserver.config import Settings
+from mmserver.errors import (
+    InsufficientResources,
+    InvalidInput,
+    InvalidModelArtifact,
+    InvalidRequest,
+    InvocationTimeout,
+    MMServerError,
+    ModelAlreadyLoaded,
+    ModelNotFound,
+    ModelUrlNotFound,
+    NotAcceptable,
+    PayloadTooLarge,
+    UnsupportedContentType,
+)
+from mmserver.handlers import RequestContext
+from mmserver.metrics import CONTENT_TYPE_LATEST, Metrics
+from mmserver.registry import ModelRegistry, validate_name
+
+log = logging.getLogger(__name__)
+
+#: Most specific first: the first matching class decides the status.
+STATUS_BY_ERROR: tuple[tuple[type[BaseException], int], ...] = (
+    (UnsupportedContentType, 415),
+    (InvalidInput, 400),
+    (InvalidRequest, 400),
+    (InvalidModelArtifact, 400),
+    (ModelUrlNotFound, 404),
+    (ModelNotFound, 404),
+    (ModelAlreadyLoaded, 409),
+    (PayloadTooLarge, 413),
+    (NotAcceptable, 406),
+    (InsufficientResources, 507),
+    (batching.ModelOutOfMemory, 507),
+    (batching.QueueFull, 503),
+    (batching.RunnerClosed, 404),
+    (batching.ModelError, 500),
+    (InvocationTimeout, 504),
+)
+
+TARGET_MODEL_HEADER = "X-Amzn-SageMaker-Target-Model"
+CUSTOM_ATTRIBUTES_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
+#: Name the single model of single-model mode is registered under.
+SINGLE_MODEL_NAME = "model"
+#: Load requests are small JSON objects; anything larger is not one.
+MAX_LOAD_BODY_BYTES = 64 * 1024
+
+SETTINGS = web.AppKey("settings", Settings)
+REGISTRY = web.AppKey("registry", ModelRegistry)
+METRICS = web.AppKey("metrics", Metrics)
+
+
+def error_response(status: int, message: str, error_type: str | None = None,
+                   headers: dict | None = None) -> web.Response:
+    body = {"code": status, "type": error_type or _reason(status), "message": message}
+    return web.json_response(body, status=status, headers=headers)
+
+
+def _reason(status: int) -> str:
+    from http import HTTPStatus
+    try:
+        return HTTPStatus(status).phrase.replace(" ", "")
+    except ValueError:
+        return "Error"
+
+
+def status_for(error: BaseException) -> int | None:
+    for cls, status in STATUS_BY_ERROR:
+        if isinstance(error, cls):
+            return status
+    return None
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler):
+    """Every error leaves as JSON; unexpected ones are logged and answered 500."""
+    try:
+        return await handler(request)
+    except web.HTTPException as http_error:
+        if http_error.status < 400:
+            raise
+        return error_response(http_error.status, http_error.reason or _reason(http_error.status),
+                              headers={k: v for k, v in http_error.headers.items()
+                                       if k in (hdrs.ALLOW,)})
+    except (MMServerError, batching.BatchingError) as error:
+        return _domain_error_response(error)
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # noqa: BLE001 - the server must answer, not die
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return error_response(500, "internal server error; see the server log")
+
+
+def _domain_error_response(error: BaseException) -> web.Response:
+    status = status_for(error) or 500
+    headers = None
+    if isinstance(error, batching.QueueFull):
+        headers = {hdrs.RETRY_AFTER: str(math.ceil(error.retry_after_seconds))}
+    return error_response(status, str(error), type(error).__name__, headers)
+
+
+# -- model management ---------------------------------------------------------
+
+async def load_model(request: web.Request) -> web.Response:
+    body = await _read_json_object(request)
+    name, url = body.get("model_name"), body.get("url")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest('the body needs "model_name": a string')
+    if not isinstance(url, str) or not url:
+        raise InvalidRequest('the body needs "url": the path of the model directory')
+    entry = await request.app[REGISTRY].load(name, url)
+    return web.json_response({"status": f"model {name!r} loaded", "modelName": entry.name,
+                              "modelUrl": entry.url})
+
+
+async def list_models(request: web.Request) -> web.Response:
+    query = request.query
+    limit = None
+    if "limit" in query:
+        try:
+            limit = int(query["limit"])
+        except ValueError:
+            raise InvalidRequest(f"limit must be an integer, got {query['limit']!r}") from None
+    page, token = request.app[REGISTRY].page(limit, query.get("next_page_token"))
+    body: dict = {"models": [{"modelName": e.name, "modelUrl": e.url} for e in page]}
+    if token is not None:
+        body["nextPageToken"] = token
+    return web.json_response(body)
+
+
+async def describe_model(request: web.Request) -> web.Response:
+    entry = request.app[REGISTRY].get(request.match_info["name"])
+    return web.json_response(entry.describe())
+
+
+async def unload_model(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    await request.app[REGISTRY].unload(name)
+    return web.json_response({"status": f"model {name!r} unloaded", "modelName": name})
+
+
+async def _read_json_object(request: web.Request) -> dict:
+    if request.content_length is not None and request.content_length > MAX_LOAD_BODY_BYTES:
+        raise PayloadTooLarge(f"a load request is at most {MAX_LOAD_BODY_BYTES} bytes")
+    raw = await request.read()
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InvalidRequest(f"the body must be a JSON object: {error}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"the body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+# -- invocation -----------------------------------------------------------------
+
+async def invoke_model(request: web.Request) -> web.Response:
+    return await _invoke(request, request.match_info["name"])
+
+
+async def invocations(request: web.Request) -> web.Response:
+    target = request.headers.get(TARGET_MODEL_HEADER)
+    if target:
+        validate_name(target)
+        return await _invoke(request, target)
+    return await _invoke(request, SINGLE_MODEL_NAME)
+
+
+async def _invoke(request: web.Request, name: str) -> web.Response:
+    started = time.perf_counter()
+    app = request.app
+    entry = app[REGISTRY].get(name)
+    try:
+        response = await _run_invocation(request, app, entry)
+    except (MMServerError, batching.BatchingError) as error:
+        response = _domain_error_response(error)
+        if response.status >= 500:
+            log.warning("model=%s invoke failed with %d: %s", name, response.status, error)
+    app[METRICS].request_done(name, response.status, time.perf_counter() - started)
+    return response
+
+
+async def _run_invocation(request: web.Request, app: web.Application, entry) -> web.Response:
+    settings = app[SETTINGS]
+    length = request.content_length
+    if length is not None and length > settings.max_payload_bytes:
+        raise PayloadTooLarge(
+            f"the body is {length} bytes; the limit is {settings.max_payload_bytes} "
+            "(SAGEMAKER_MAX_PAYLOAD_IN_MB)")
+    headers = request.headers
+    context = RequestContext(
+        model_name=entry.name,
+        content_type=headers.get(hdrs.CONTENT_TYPE, codecs.DEFAULT_TYPE),
+        accept=headers.get(hdrs.ACCEPT, ""),
+        custom_attributes=headers.get(CUSTOM_ATTRIBUTES_HEADER),
+    )
+    handler = entry.handler
+    if not handler.checks_accept_itself:
+        codecs.negotiate(context.accept)
+    with entry.runner.reserve() as slot:
+        body = await _read_body(request, settings.max_payload_bytes)
+        if len(body) >= settings.decode_in_thread_bytes:
+            data = await asyncio.get_running_loop().run_in_executor(
+                None, handler.decode, body, context)
+        else:
+            data = handler.decode(body, context)
+        try:
+            async with asyncio.timeout(settings.model_server_timeout_seconds):
+                rows = await slot.submit(data)
+        except TimeoutError:
+            raise InvocationTimeout(
+                f"model {entry.name!r} did not answer within "
+                f"{settings.model_server_timeout_seconds:g} s "
+                "(SAGEMAKER_MODEL_SERVER_TIMEOUT)") from None
+    payload, content_type = handler.encode(rows, context)
+    return web.Response(body=payload, content_type=content_type.split(";")[0])
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """Read at most ``limit`` bytes; a chunked body past it is 413 too."""
+    chunks, size = [], 0
+    async for chunk in request.content.iter_chunked(256 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"the body exceeds the limit of {limit} bytes "
+                                  "(SAGEMAKER_MAX_PAYLOAD_IN_MB)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# -- health and metrics -----------------------------------------------------------
+
+async def ping(request: web.Request) -> web.Response:
+    return web.json_response({"status": "Healthy"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[METRICS].exposition(),
+                        headers={hdrs.CONTENT_TYPE: CONTENT_TYPE_LATEST})
+
+
+# -- the application ----------------------------------------------------------------
+
+def create_app(settings: Settings | None = None) -> web.Application:
+    """Build the application; models in ``settings.preload`` load at start-up."""
+    settings = settings or Settings.from_env()
+    app = web.Application(middlewares=[errors_as_json],
+                          client_max_size=settings.max_payload_bytes + 1)
+    app[SETTINGS] = settings
+    app[METRICS] = metrics_ = Metrics()
+    app[REGISTRY] = ModelRegistry(settings, on_loaded=metrics_.model_loaded,
+                                  on_unloaded=metrics_.model_unloaded)
+    app.router.add_post("/models", load_model)
+    app.router.add_get("/models", list_models)
+    app.router.add_get("/models/{name}", describe_model)
+    app.router.add_delete("/models/{name}", unload_model)
+    app.router.add_post("/models/{name}/invoke", invoke_model)
+    app.router.add_post("/invocations", invocations)
+    app.router.add_get("/ping", ping)
+    app.router.add_get("/metrics", metrics)
+    app.on_startup.append(_preload)
+    app.on_shutdown.append(_drain)
+    return app
+
+
+async def _preload(app: web.Application) -> None:
+    settings, registry = app[SETTINGS], app[REGISTRY]
+    if not settings.multi_model:
+        await registry.load_single(SINGLE_MODEL_NAME, settings.single_model_dir)
+    for name, url in settings.preload:
+        await registry.load(name, url)
+
+
+async def _drain(app: web.Application) -> None:
+    await app[REGISTRY].close()

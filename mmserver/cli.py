@@ -1,0 +1,141 @@
+"""The command line: ``mmserver serve`` and ``mmserver examples``.
+
+``serve`` reads the environment (DESIGN.md section 7) and lets flags override
+it. SIGTERM and SIGINT stop accepting connections, answer every accepted
+request, and exit within ``Settings.shutdown_timeout_seconds`` (SageMaker
+sends SIGKILL 30 s after SIGTERM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from mmserver.config import Settings
+from mmserver.errors import MMServerError
+
+ACCESS_LOG_FORMAT = ('%a "%r" %s %b %Tf target_model="%{X-Amzn-SageMaker-Target-Model}i"')
+
+
+def _preload_pair(text: str) -> tuple[str, str]:
+    name, sep, url = text.partition("=")
+    if not sep or not name or not url:
+        raise argparse.ArgumentTypeError(f"expected NAME=URL, got {text!r}")
+    return name, url
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mmserver", description="SageMaker-style multi-model "
+                                     "server with request batching")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the HTTP server")
+    serve.add_argument("--host", help="address to bind (MMSERVER_HOST, default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (SAGEMAKER_BIND_TO_PORT, default 8080)")
+    serve.add_argument("--model-root", action="append", type=Path, dest="model_roots",
+                       help="directory model urls must resolve inside; repeatable "
+                            "(MMSERVER_MODEL_ROOTS, default /opt/ml/models)")
+    serve.add_argument("--preload", action="append", type=_preload_pair, default=[],
+                       metavar="NAME=URL", help="load a model at start-up; repeatable")
+    serve.add_argument("--max-batch-size", type=int, help="rows per model call (16)")
+    serve.add_argument("--max-wait-ms", type=float, help="wait for company, ms (5)")
+    serve.add_argument("--max-queue-size", type=int, help="queued requests per model (256)")
+    serve.add_argument("--policy", choices=("greedy", "timer"), help="batching policy (greedy)")
+    serve.add_argument("--no-access-log", action="store_true", help="no line per request")
+    serve.add_argument("--log-level", default="INFO")
+    examples = commands.add_parser("examples", help="write the example models")
+    examples.add_argument("directory", type=Path)
+    examples.add_argument("--name", action="append", dest="names",
+                          help="only this example; repeatable")
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    base = Settings.from_env()
+    batch = base.batch
+    import dataclasses
+    changes = {}
+    if args.max_batch_size is not None:
+        changes["max_batch_size"] = args.max_batch_size
+    if args.max_wait_ms is not None:
+        changes["max_wait_seconds"] = args.max_wait_ms / 1000.0
+    if args.max_queue_size is not None:
+        changes["max_queue_size"] = args.max_queue_size
+    if args.policy is not None:
+        changes["policy"] = args.policy
+    return dataclasses.replace(
+        base,
+        host=args.host or base.host,
+        port=args.port if args.port is not None else base.port,
+        model_roots=tuple(args.model_roots) if args.model_roots else base.model_roots,
+        preload=base.preload + tuple(args.preload),
+        batch=dataclasses.replace(batch, **changes),
+        access_log=base.access_log and not args.no_access_log,
+    )
+
+
+def serve(args: argparse.Namespace) -> None:
+    from mmserver.app import create_app
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        settings = settings_from_args(args)
+    except ValueError as error:
+        sys.exit(f"mmserver: {error}")
+    app = create_app(settings)
+    app.on_startup.append(_announce)
+    try:
+        _run(app, settings)
+    except MMServerError as error:
+        sys.exit(f"mmserver: cannot start: {error}")
+
+
+def _run(app: web.Application, settings: Settings) -> None:
+    web.run_app(
+        app,
+        host=settings.host,
+        port=settings.port,
+        access_log=logging.getLogger("mmserver.access") if settings.access_log else None,
+        access_log_format=ACCESS_LOG_FORMAT,
+        shutdown_timeout=settings.shutdown_timeout_seconds,
+        handler_cancellation=True,
+        print=None,
+    )
+
+
+async def _announce(app: web.Application) -> None:
+    from mmserver.app import REGISTRY, SETTINGS
+
+    settings, registry = app[SETTINGS], app[REGISTRY]
+    base = f"http://{settings.host}:{settings.port}"
+    lines = [f"mmserver ready on {base} ({registry.device}); models: "
+             f"{', '.join(e.name for e in registry.ready()) or 'none'}", "Try:",
+             f"  curl {base}/ping", f"  curl {base}/models"]
+    for entry in registry.ready()[:3]:
+        lines.append(f"  curl {base}/models/{entry.name}")
+    if any(e.name == "tabular" for e in registry.ready()):
+        lines.append(f"  curl -H 'Content-Type: application/json' -d '[[{', '.join(['0.5'] * 16)}]]' "
+                     f"{base}/models/tabular/invoke")
+    print("\n".join(lines), flush=True)
+
+
+def examples(args: argparse.Namespace) -> None:
+    from mmserver.examples import write_examples
+
+    logging.basicConfig(level="INFO", format="%(message)s")
+    written = write_examples(args.directory, names=args.names)
+    for name, path in written.items():
+        print(f"{name}: {path}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    {"serve": serve, "examples": examples}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

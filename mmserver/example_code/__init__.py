@@ -1,0 +1,8 @@
+"""Source files that ``mmserver.examples`` copies into example model directories.
+
+Each file here is user code in the SageMaker PyTorch convention (it becomes a
+model's ``code/inference.py``), kept as a real module so it can be read, linted
+and imported by tests. The server never imports this package; it loads the
+copy inside the model directory like any other user's code. The files import
+nothing from ``mmserver``, because a real user's ``inference.py`` could not.
+"""

@@ -1,0 +1,263 @@
+"""Model artifacts: turn a SageMaker-style model directory into a handler.
+
+A model directory holds one of ``model.pt`` (TorchScript), ``model.pt2``
+(``torch.export``), or ``code/inference.py`` (the script name follows
+``SAGEMAKER_PROGRAM``) with any of:
+
+``model_fn(model_dir)``
+    Build the model once, at load. Default: load ``model.pt`` or ``model.pt2``.
+``input_fn(request_body, request_content_type)``
+    Bytes to a tensor whose dimension 0 counts this request's rows.
+    Default: :func:`mmserver.codecs.decode`.
+``predict_fn(data, model)``
+    Called with a *batch*: many requests' rows concatenated along
+    dimension 0, under ``torch.inference_mode()`` in the model's worker
+    thread. It must be row-wise: one output row per input row.
+    Default: ``model(data)``.
+``output_fn(prediction, accept)``
+    This request's output rows to ``bytes`` (or ``(bytes, content_type)``).
+    Default: :func:`mmserver.codecs.encode`.
+
+``input_fn`` and ``output_fn`` may take a keyword ``context``: a
+:class:`RequestContext` with the request's custom attributes
+(``X-Amzn-SageMaker-Custom-Attributes``). Raise ``ValueError`` for bad input
+(400); raise :class:`mmserver.errors.UnsupportedContentType` (415) or
+:class:`mmserver.errors.NotAcceptable` (406) where they fit. An optional
+``mmserver.json`` beside the model overrides the batching settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import inspect
+import json
+import logging
+import sys
+import uuid
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmserver import codecs
+from mmserver.config import BatchSettings
+from mmserver.errors import (
+    InsufficientResources,
+    InvalidInput,
+    InvalidModelArtifact,
+    MMServerError,
+    NotAcceptable,
+    UnsupportedContentType,
+)
+
+log = logging.getLogger(__name__)
+
+TORCHSCRIPT_FILE = "model.pt"
+EXPORT_FILE = "model.pt2"
+SETTINGS_FILE = "mmserver.json"
+#: Files whose size stands for the model's weights when we estimate its memory before loading.
+WEIGHT_SUFFIXES = (".pt", ".pt2", ".pth", ".bin", ".safetensors", ".ckpt")
+#: Loaded weights take about their size on disk; the margin covers buffers and the runtime.
+MEMORY_ESTIMATE_FACTOR = 1.2
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestContext:
+    """What a handler may want to know about the request besides its body."""
+
+    model_name: str
+    content_type: str
+    accept: str
+    custom_attributes: str | None = None
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, (MemoryError, torch.OutOfMemoryError))
+
+
+class ModelHandler:
+    """One loaded model and the four functions that serve it."""
+
+    def __init__(self, model_dir: Path, *, device: torch.device, program: str = "inference.py"):
+        self.model_dir = model_dir
+        self.device = device
+        self.batch_overrides = _read_settings(model_dir)
+        user = _load_user_code(model_dir, program)
+        self.has_user_code = user is not None
+        self._model_fn = getattr(user, "model_fn", None)
+        self._input_fn = getattr(user, "input_fn", None)
+        self._predict_fn = getattr(user, "predict_fn", None)
+        self._output_fn = getattr(user, "output_fn", None)
+        self._input_takes_context = _takes_context(self._input_fn)
+        self._output_takes_context = _takes_context(self._output_fn)
+        self.model = self._build_model()
+        self.memory_bytes = measured_memory_bytes(self.model)
+
+    def _build_model(self) -> Any:
+        try:
+            if self._model_fn is not None:
+                return self._model_fn(str(self.model_dir))
+            return load_default_model(self.model_dir, self.device)
+        except MMServerError:
+            raise
+        except Exception as error:  # noqa: BLE001 - any failure here means a bad artifact
+            if is_out_of_memory(error):
+                raise InsufficientResources(
+                    f"out of memory while loading the model: {error}") from error
+            where = "model_fn" if self._model_fn is not None else "loading the model file"
+            raise InvalidModelArtifact(
+                f"{where} raised {error.__class__.__name__}: {_first_line(error)}") from error
+
+    @property
+    def checks_accept_itself(self) -> bool:
+        return self._output_fn is not None
+
+    def decode(self, body: bytes, context: RequestContext) -> torch.Tensor:
+        if self._input_fn is None:
+            return codecs.decode(body, context.content_type)
+        try:
+            if self._input_takes_context:
+                data = self._input_fn(body, context.content_type, context=context)
+            else:
+                data = self._input_fn(body, context.content_type)
+        except MMServerError:
+            raise
+        except (ValueError, TypeError) as error:
+            message = str(error)
+            if message.lower().startswith("unsupported content type"):
+                raise UnsupportedContentType(message) from error
+            raise InvalidInput(f"input_fn rejected the body: {message}") from error
+        if not isinstance(data, torch.Tensor) or data.dim() == 0:
+            raise InvalidModelArtifact(
+                "input_fn must return a tensor whose dimension 0 counts rows, "
+                f"got {type(data).__name__}")
+        return data
+
+    def predict(self, batch: torch.Tensor) -> Any:
+        if self._predict_fn is not None:
+            return self._predict_fn(batch, self.model)
+        return self.model(batch)
+
+    def encode(self, rows: Any, context: RequestContext) -> tuple[bytes, str]:
+        if self._output_fn is None:
+            return codecs.encode(rows, context.accept)
+        try:
+            if self._output_takes_context:
+                result = self._output_fn(rows, context.accept, context=context)
+            else:
+                result = self._output_fn(rows, context.accept)
+        except MMServerError:
+            raise
+        except ValueError as error:
+            message = str(error)
+            if message.lower().startswith("unsupported accept type"):
+                raise NotAcceptable(message) from error
+            raise
+        if isinstance(result, tuple):
+            body, content_type = result
+        else:
+            body, content_type = result, codecs.media_type(context.accept)
+            if content_type in ("*/*", ""):
+                content_type = codecs.JSON
+        if isinstance(body, str):
+            body = body.encode()
+        return bytes(body), content_type
+
+    def close(self) -> None:
+        """Drop every reference to the model so its memory can be freed."""
+        self.model = None
+        self._model_fn = self._input_fn = self._predict_fn = self._output_fn = None
+
+
+def load_default_model(model_dir: Path, device: torch.device) -> Any:
+    script, exported = model_dir / TORCHSCRIPT_FILE, model_dir / EXPORT_FILE
+    if script.is_file():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # TorchScript is deprecated, not gone
+            model = torch.jit.load(str(script), map_location=device)
+        return model.eval()
+    if exported.is_file():
+        module = torch.export.load(str(exported)).module()
+        return module.to(device)
+    raise InvalidModelArtifact(
+        f"no model file in the model directory: expected {TORCHSCRIPT_FILE} (TorchScript), "
+        f"{EXPORT_FILE} (torch.export) or code/inference.py with model_fn")
+
+
+def measured_memory_bytes(model: Any) -> int:
+    """Bytes held by the model's parameters and buffers (0 when it has none we can see)."""
+    total = 0
+    for getter in ("parameters", "buffers"):
+        method = getattr(model, getter, None)
+        if not callable(method):
+            continue
+        try:
+            total += sum(t.numel() * t.element_size() for t in method())
+        except Exception:  # noqa: BLE001 - an opaque model simply reports 0
+            return total
+    return total
+
+
+def estimated_memory_bytes(model_dir: Path) -> int:
+    """Before loading: the weights' size on disk, with a margin."""
+    size = sum(p.stat().st_size for p in model_dir.rglob("*")
+               if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    return int(size * MEMORY_ESTIMATE_FACTOR)
+
+
+def batch_settings_for(defaults: BatchSettings, overrides: dict) -> BatchSettings:
+    try:
+        return defaults.overridden(overrides)
+    except ValueError as error:
+        raise InvalidModelArtifact(f"{SETTINGS_FILE}: {error}") from None
+
+
+def _read_settings(model_dir: Path) -> dict:
+    path = model_dir / SETTINGS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        overrides = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InvalidModelArtifact(f"{SETTINGS_FILE} is not valid JSON: {error}") from None
+    if not isinstance(overrides, dict):
+        raise InvalidModelArtifact(f"{SETTINGS_FILE} must hold a JSON object")
+    return overrides
+
+
+def _load_user_code(model_dir: Path, program: str) -> Any:
+    script = model_dir / "code" / program
+    if not script.is_file():
+        return None
+    module_name = f"mmserver_user_code_{uuid.uuid4().hex}"
+    spec = importlib.util.spec_from_file_location(module_name, script)
+    module = importlib.util.module_from_spec(spec)
+    code_dir = str(script.parent)
+    sys.path.insert(0, code_dir)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:  # noqa: BLE001 - user code can fail in any way
+        raise InvalidModelArtifact(
+            f"code/{program} failed to import: {error.__class__.__name__}: "
+            f"{_first_line(error)}") from error
+    finally:
+        if sys.path and sys.path[0] == code_dir:
+            sys.path.pop(0)
+    return module
+
+
+def _takes_context(function: Callable | None) -> bool:
+    if function is None:
+        return False
+    try:
+        return "context" in inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "(no message)"

@@ -1,0 +1,84 @@
+"""Prometheus metrics: per-model counts, latencies, batch sizes and queue depth.
+
+Each app gets its own ``CollectorRegistry`` so several servers can live in one
+process (tests, notebooks). The runner keeps plain statistics and calls a
+listener after every batch; this module turns those into histograms.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401 - re-exported for app
+
+from mmserver.batching import BatchRecord
+
+#: Latency buckets (seconds) from a fast CPU model to a slow batch on a busy queue.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: Batch sizes in rows: powers of two up to the largest sensible max_batch_size.
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+disable_created_metrics()  # the *_created series double the output and nobody scrapes them
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("mmserver_requests", "Invocations answered, by HTTP status.",
+                                ["model", "status"], registry=r)
+        self.latency = Histogram("mmserver_request_latency_seconds",
+                                 "Invocation latency from request to response.", ["model"],
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_wait = Histogram("mmserver_queue_wait_seconds",
+                                    "Time a request waited in the queue before its batch ran.",
+                                    ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.compute = Histogram("mmserver_compute_seconds",
+                                 "Time one batch spent in the model (worker thread).",
+                                 ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("mmserver_batch_size_rows", "Rows per model call.",
+                                    ["model"], buckets=BATCH_SIZE_BUCKETS, registry=r)
+        self.queue_depth = Gauge("mmserver_queue_depth",
+                                 "Requests admitted and not yet in a batch.", ["model"],
+                                 registry=r)
+        self.models_loaded = Gauge("mmserver_models_loaded", "Models loaded now.", registry=r)
+        self.model_memory = Gauge("mmserver_model_memory_bytes",
+                                  "Bytes of parameters and buffers per loaded model.",
+                                  ["model"], registry=r)
+
+    def model_loaded(self, entry) -> None:
+        name = entry.name
+        self.models_loaded.inc()
+        self.model_memory.labels(name).set(entry.memory_bytes)
+        runner = entry.runner
+        self.queue_depth.labels(name).set_function(lambda: runner.queue_depth)
+        runner.add_listener(lambda record: self._observe_batch(name, record))
+
+    def model_unloaded(self, entry) -> None:
+        self.models_loaded.dec()
+        for gauge in (self.model_memory, self.queue_depth):
+            try:
+                gauge.remove(entry.name)
+            except KeyError:
+                pass
+
+    def _observe_batch(self, name: str, record: BatchRecord) -> None:
+        self.batch_size.labels(name).observe(record.rows)
+        self.compute.labels(name).observe(record.compute_seconds)
+        waits = self.queue_wait.labels(name)
+        for seconds in record.queue_wait_seconds:
+            waits.observe(seconds)
+
+    def request_done(self, name: str, status: int, seconds: float) -> None:
+        self.requests.labels(name, str(status)).inc()
+        self.latency.labels(name).observe(seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,232 @@
+"""Shared fixtures: real model directories on disk and a real server process."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- models written by the tests ----------------------------------------------------
+
+
+class Affine(torch.nn.Module):
+    """y = 2x + 1: every output row names its input row."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+
+def write_torchscript(model_dir: Path, module: torch.nn.Module | None = None,
+                      example: torch.Tensor | None = None) -> Path:
+    model_dir.mkdir(parents=True, exist_ok=True)
+    module = module if module is not None else Affine()
+    example = example if example is not None else torch.ones(2, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.jit.trace(module, example).save(str(model_dir / "model.pt"))
+    return model_dir
+
+
+def write_code(model_dir: Path, source: str, *, with_affine: bool = False) -> Path:
+    (model_dir / "code").mkdir(parents=True, exist_ok=True)
+    (model_dir / "code" / "inference.py").write_text(textwrap.dedent(source))
+    if with_affine:
+        write_torchscript(model_dir)
+    return model_dir
+
+
+SLOW_CODE = """
+    import time, torch
+
+    def model_fn(model_dir):
+        return None
+
+    def predict_fn(data, model):
+        time.sleep(float(data[0, 0]) if data.shape[1] > 0 and data[0, 0] > 0 else 0.2)
+        return data * 2 + 1
+"""
+
+FAILING_CODE = """
+    import torch
+
+    def model_fn(model_dir):
+        return None
+
+    def predict_fn(data, model):
+        if (data < 0).any():
+            raise RuntimeError("negative input is not allowed")
+        return data * 2 + 1
+"""
+
+OOM_CODE = """
+    import torch
+
+    def model_fn(model_dir):
+        return None
+
+    def predict_fn(data, model):
+        if data.shape[0] > 2 or (data > 1000).any():
+            raise torch.OutOfMemoryError(f"pretend CUDA OOM at {data.shape[0]} rows")
+        return data * 2 + 1
+"""
+
+ATTRIBUTES_CODE = """
+    import json, torch
+
+    def model_fn(model_dir):
+        return None
+
+    def predict_fn(data, model):
+        return data
+
+    def output_fn(prediction, accept, context=None):
+        body = {"rows": prediction.tolist(), "attributes": context.custom_attributes}
+        return json.dumps(body).encode(), "application/json"
+"""
+
+
+@pytest.fixture(scope="session")
+def model_root(tmp_path_factory) -> Path:
+    """A model root with every kind of artifact the tests need, good and bad."""
+    root = tmp_path_factory.mktemp("models")
+    write_torchscript(root / "affine")
+    write_torchscript(root / "affine2")
+    write_code(root / "slow", SLOW_CODE)
+    write_code(root / "failing", FAILING_CODE)
+    write_code(root / "oom", OOM_CODE)
+    write_code(root / "attributes", ATTRIBUTES_CODE)
+    write_code(root / "broken_code", "def model_fn(model_dir:\n    return 1\n")
+    write_code(root / "raising_model_fn", """
+        def model_fn(model_dir):
+            raise FileNotFoundError("weights.bin is missing")
+    """)
+    write_code(root / "memory_error", """
+        def model_fn(model_dir):
+            raise MemoryError("cannot allocate 40 GiB")
+    """)
+    (root / "corrupt").mkdir()
+    (root / "corrupt" / "model.pt").write_bytes(b"this is not a TorchScript archive")
+    (root / "empty").mkdir()
+    big = root / "big"
+    big.mkdir()
+    with open(big / "model.pt", "wb") as f:  # a sparse 64 MiB file: large on paper only
+        f.truncate(64 * 2**20)
+    for i in range(12):
+        write_torchscript(root / f"m{i:02d}")
+    return root
+
+
+# -- a real server process on a free port --------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``python -m mmserver serve`` in a subprocess, and a small HTTP client for it."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"mmserver-test-{self.port}.log"
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self._log = open(self.log_path, "w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mmserver", "serve", "--port", str(self.port), *args],
+            stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+        self.wait_ready()
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log()}")
+            with contextlib.suppress(OSError):
+                if self.request("GET", "/ping", timeout=1)[0] == 200:
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def request(self, method: str, path: str, body: bytes | str | None = None,
+                headers: dict[str, str] | None = None,
+                timeout: float = 60) -> tuple[int, dict[str, str], bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            if isinstance(body, str):
+                body = body.encode()
+            connection.request(method, path, body=body, headers=headers or {})
+            response = connection.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            connection.close()
+
+    def json(self, method: str, path: str, payload=None, headers=None,
+             timeout: float = 60) -> tuple[int, object]:
+        body = None if payload is None else json.dumps(payload)
+        all_headers = {"Content-Type": "application/json", **(headers or {})}
+        status, _, raw = self.request(method, path, body, all_headers, timeout)
+        return status, json.loads(raw) if raw else None
+
+    def load(self, name: str, url: str | Path) -> tuple[int, object]:
+        return self.json("POST", "/models", {"model_name": name, "url": str(url)})
+
+    def invoke(self, name: str, rows, headers=None, timeout: float = 60) -> tuple[int, object]:
+        return self.json("POST", f"/models/{name}/invoke", rows, headers, timeout)
+
+    def metric(self, name: str, **labels: str) -> float:
+        _, _, raw = self.request("GET", "/metrics")
+        wanted = name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+                         if labels else "")
+        for line in raw.decode().splitlines():
+            if line.startswith(wanted + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode
+
+
+@contextlib.contextmanager
+def running_server(args: list[str], env: dict[str, str] | None = None) -> Iterator[Server]:
+    server = Server(args, env)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def server(model_root) -> Iterator[Server]:
+    """One server per test module, models under ``model_root``, quiet access log."""
+    with running_server(["--model-root", str(model_root), "--no-access-log",
+                         "--max-wait-ms", "2"]) as s:
+        yield s
