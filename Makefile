@@ -12,8 +12,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+EXAMPLES := build/examples
+PORT ?= 8080
+
 serve: $(STAMP)
-	$(BIN)/python -m mmserver.demo
+	$(BIN)/python -m mmserver examples $(EXAMPLES)
+	$(BIN)/python -m mmserver serve --host 127.0.0.1 --port $(PORT) --model-root $(EXAMPLES) \
+		--preload digits=$(EXAMPLES)/digits/model \
+		--preload resnet18=$(EXAMPLES)/resnet18/model \
+		--preload tabular=$(EXAMPLES)/tabular/model
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

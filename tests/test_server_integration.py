@@ -1,0 +1,215 @@
+"""The server under concurrency, churn, overload, unloads and shutdown: nothing hangs, nothing is lost."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import http.client
+import json
+import random
+import signal
+import socket
+import threading
+import time
+
+import psutil
+import pytest
+
+from conftest import running_server, write_torchscript
+
+
+def test_concurrent_invokes_across_models_get_exact_answers(server, model_root):
+    names = ["c-affine", "c-affine2"]
+    for name, url in zip(names, ("affine", "affine2")):
+        assert server.load(name, model_root / url)[0] == 200
+    try:
+        def call(i):
+            name = names[i % 2]
+            rows = [[float(i), float(i + 1)]] * (1 + i % 3)
+            return i, rows, server.invoke(name, rows)
+
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            results = list(pool.map(call, range(400)))
+        for i, rows, (status, body) in results:
+            assert status == 200
+            assert body == [[2 * v + 1 for v in row] for row in rows], i
+        batched = sum(server.metric("mmserver_batch_size_rows_count", model=n) for n in names)
+        assert batched < 400  # some requests shared a model call
+    finally:
+        for name in names:
+            server.request("DELETE", f"/models/{name}")
+
+
+def test_concurrent_loads_of_one_name_give_one_200(server, model_root):
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(lambda _: server.load("racy", model_root / "affine")[0],
+                                 range(8)))
+    try:
+        assert sorted(statuses) == [200] + [409] * 7
+    finally:
+        server.request("DELETE", "/models/racy")
+
+
+def test_a_full_queue_answers_503_with_retry_after(model_root):
+    with running_server(["--model-root", str(model_root), "--no-access-log",
+                         "--max-queue-size", "2", "--max-batch-size", "1"]) as server:
+        assert server.load("slow", model_root / "slow")[0] == 200
+        with concurrent.futures.ThreadPoolExecutor(10) as pool:
+            futures = [pool.submit(server.request, "POST", "/models/slow/invoke", b"[[0.5]]",
+                                   {"Content-Type": "application/json"}) for _ in range(10)]
+            results = [f.result() for f in futures]
+        statuses = sorted(status for status, _, _ in results)
+        assert statuses.count(200) >= 3
+        assert statuses.count(503) >= 1
+        assert set(statuses) == {200, 503}
+        for status, headers, raw in results:
+            if status == 503:
+                body = json.loads(raw)
+                assert body["code"] == 503 and body["type"] == "QueueFull"
+                assert int(headers["Retry-After"]) >= 1
+        assert server.invoke("slow", [[0.015625]]) == (200, [[1.03125]])
+
+
+def test_out_of_memory_batches_are_retried_smaller_then_507(server, model_root):
+    assert server.load("oom", model_root / "oom")[0] == 200
+    try:
+        status, body = server.invoke("oom", [[1.0], [2.0], [3.0]])  # 3 rows alone: OOM
+        assert status == 507 and body["type"] == "ModelOutOfMemory"
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            results = list(pool.map(lambda i: server.invoke("oom", [[float(i)]]), range(24)))
+        assert all(r == (200, [[2.0 * i + 1]]) for i, r in enumerate(results))
+        assert server.invoke("oom", [[1.0]]) == (200, [[3.0]])
+    finally:
+        server.request("DELETE", "/models/oom")
+
+
+def test_unload_lets_accepted_requests_finish(server, model_root):
+    assert server.load("draining", model_root / "slow")[0] == 200
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(server.invoke, "draining", [[0.25]]) for _ in range(6)]
+        time.sleep(0.15)
+        status, _ = server.json("DELETE", "/models/draining")
+        assert status == 200
+        results = [f.result(timeout=30) for f in futures]
+    assert all(r == (200, [[1.5]]) for r in results), results
+    assert server.invoke("draining", [[0.0]])[0] == 404
+
+
+def test_listing_under_churn_shows_each_stable_model_exactly_once(server, model_root):
+    stable = [f"m{i:02d}" for i in range(0, 12, 2)]
+    churning = [f"m{i:02d}" for i in range(1, 12, 2)]
+    for name in stable:
+        assert server.load(name, model_root / name)[0] == 200
+    rng = random.Random(7)
+    try:
+        for _ in range(5):
+            seen, token = [], None
+            while True:
+                query = "/models?limit=2" + (f"&next_page_token={token}" if token else "")
+                status, body = server.json("GET", query)
+                assert status == 200
+                seen += [m["modelName"] for m in body["models"]]
+                name = rng.choice(churning)  # churn between pages
+                if server.json("GET", f"/models/{name}")[0] == 200:
+                    server.request("DELETE", f"/models/{name}")
+                else:
+                    server.load(name, model_root / name)
+                token = body.get("nextPageToken")
+                if token is None:
+                    break
+            for name in stable:
+                assert seen.count(name) == 1, (name, seen)
+            assert len(seen) == len(set(seen))
+    finally:
+        for name in stable + churning:
+            server.request("DELETE", f"/models/{name}")
+
+
+def test_memory_budget_and_model_cap_answer_507(model_root):
+    with running_server(["--model-root", str(model_root), "--no-access-log"],
+                        env={"MMSERVER_MEMORY_BUDGET_MB": "32", "MMSERVER_MAX_MODELS": "2"}
+                        ) as server:
+        status, body = server.load("big", model_root / "big")
+        assert status == 507 and body["type"] == "InsufficientResources"
+        assert "MMSERVER_MEMORY_BUDGET_MB" in body["message"]
+        assert server.load("a", model_root / "affine")[0] == 200
+        assert server.load("b", model_root / "affine2")[0] == 200
+        status, body = server.load("c", model_root / "m00")
+        assert status == 507 and "MMSERVER_MAX_MODELS" in body["message"]
+        assert server.json("DELETE", "/models/a")[0] == 200
+        assert server.load("c", model_root / "m00")[0] == 200
+        assert server.json("GET", "/ping")[0] == 200
+
+
+def test_repeated_load_unload_does_not_grow_memory(server, model_root, tmp_path):
+    process = psutil.Process(server.process.pid)
+
+    def cycle(n):
+        for _ in range(n):
+            assert server.load("cycled", model_root / "affine")[0] == 200
+            assert server.invoke("cycled", [[1.0]]) == (200, [[3.0]])
+            assert server.json("DELETE", "/models/cycled")[0] == 200
+
+    cycle(20)  # warm up allocator and caches
+    before = process.memory_info().rss
+    cycle(100)
+    growth = process.memory_info().rss - before
+    assert growth < 50 * 2**20, f"resident memory grew {growth / 2**20:.1f} MiB over 100 cycles"
+
+
+def test_a_client_that_goes_away_is_not_computed(model_root):
+    with running_server(["--model-root", str(model_root), "--no-access-log",
+                         "--max-batch-size", "1"]) as server:
+        assert server.load("slow", model_root / "slow")[0] == 200
+        blocker = threading.Thread(target=server.invoke, args=("slow", [[1.0]]))
+        blocker.start()
+        time.sleep(0.2)  # the model is busy for 1 s
+        for _ in range(5):  # queue requests, then hang up before they run
+            s = socket.create_connection(("127.0.0.1", server.port))
+            body = b"[[0.0625]]"
+            s.sendall(b"POST /models/slow/invoke HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: "
+                      + str(len(body)).encode() + b"\r\n\r\n" + body)
+            time.sleep(0.05)
+            s.close()
+        blocker.join(timeout=30)
+        time.sleep(0.5)
+        assert server.invoke("slow", [[0.015625]]) == (200, [[1.03125]])
+        rows = server.metric("mmserver_batch_size_rows_sum", model="slow")
+        assert rows == 2, f"the model computed {rows} rows; the 5 abandoned ones must not count"
+
+
+def test_single_model_mode_serves_invocations(tmp_path):
+    model_dir = write_torchscript(tmp_path / "opt-ml-model")
+    with running_server(["--no-access-log"],
+                        env={"SAGEMAKER_MULTI_MODEL": "false",
+                             "MMSERVER_SINGLE_MODEL_DIR": str(model_dir)}) as server:
+        assert server.json("POST", "/invocations", [[1, 2]]) == (200, [[3.0, 5.0]])
+
+
+def test_sigterm_answers_requests_in_flight_and_exits(model_root):
+    server_cm = running_server(["--model-root", str(model_root), "--no-access-log"])
+    server = server_cm.__enter__()
+    try:
+        assert server.load("slow", model_root / "slow")[0] == 200
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(server.invoke, "slow", [[0.5]]) for _ in range(4)]
+            time.sleep(0.2)
+            started = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            results = [f.result(timeout=30) for f in futures]
+            code = server.process.wait(timeout=30)
+        assert all(r == (200, [[2.0]]) for r in results), results
+        assert time.monotonic() - started < 30
+        assert code == 0, server.log()
+    finally:
+        server_cm.__exit__(None, None, None)
+
+
+def test_the_server_refuses_bad_settings_clearly(model_root):
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, "-m", "mmserver", "serve", "--port", "1",
+                             "--preload", "x=missing", "--model-root", str(model_root)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "does not exist" in result.stderr
