@@ -248,6 +248,8 @@ async def _run_invocation(request: web.Request, app: web.Application, entry) -> 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
     """Read at most ``limit`` bytes; a chunked body past it is 413 too."""
+    if request.content_length is not None:  # already checked against the limit
+        return await request.read()
     chunks, size = [], 0
     async for chunk in request.content.iter_chunked(256 * 1024):
         size += len(chunk)

@@ -134,7 +134,7 @@ def negotiate(accept: str | None, offered: tuple[str, ...] = ENCODABLE) -> str:
     An absent or empty header, or ``*/*``, gets JSON. Raises NotAcceptable when
     nothing offered is allowed.
     """
-    if not accept or not accept.strip():
+    if not accept or accept == "*/*" or not accept.strip():
         return DEFAULT_TYPE
     best, best_q = None, 0.0
     for position, part in enumerate(accept.split(",")):

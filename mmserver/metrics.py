@@ -52,6 +52,8 @@ class Metrics:
         self.model_memory = Gauge("mmserver_model_memory_bytes",
                                   "Bytes of parameters and buffers per loaded model.",
                                   ["model"], registry=r)
+        self._request_counters: dict[tuple[str, int], object] = {}
+        self._latencies: dict[str, object] = {}
 
     def model_loaded(self, entry) -> None:
         name = entry.name
@@ -59,7 +61,7 @@ class Metrics:
         self.model_memory.labels(name).set(entry.memory_bytes)
         runner = entry.runner
         self.queue_depth.labels(name).set_function(lambda: runner.queue_depth)
-        runner.add_listener(lambda record: self._observe_batch(name, record))
+        runner.add_listener(self._batch_observer(name))
 
     def model_unloaded(self, entry) -> None:
         self.models_loaded.dec()
@@ -69,16 +71,29 @@ class Metrics:
             except KeyError:
                 pass
 
-    def _observe_batch(self, name: str, record: BatchRecord) -> None:
-        self.batch_size.labels(name).observe(record.rows)
-        self.compute.labels(name).observe(record.compute_seconds)
+    def _batch_observer(self, name: str):
+        batch_size = self.batch_size.labels(name)
+        compute = self.compute.labels(name)
         waits = self.queue_wait.labels(name)
-        for seconds in record.queue_wait_seconds:
-            waits.observe(seconds)
+
+        def observe(record: BatchRecord) -> None:
+            batch_size.observe(record.rows)
+            compute.observe(record.compute_seconds)
+            for seconds in record.queue_wait_seconds:
+                waits.observe(seconds)
+
+        return observe
 
     def request_done(self, name: str, status: int, seconds: float) -> None:
-        self.requests.labels(name, str(status)).inc()
-        self.latency.labels(name).observe(seconds)
+        counter = self._request_counters.get((name, status))
+        if counter is None:  # labels() takes a lock and builds keys: look each child up once
+            counter = self._request_counters[(name, status)] = self.requests.labels(
+                name, str(status))
+        counter.inc()
+        latency = self._latencies.get(name)
+        if latency is None:
+            latency = self._latencies[name] = self.latency.labels(name)
+        latency.observe(seconds)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,0 +1,97 @@
+"""What does the full mmserver path cost per request, next to a bare aiohttp handler?
+
+Both servers run on core 0 and get the same closed-loop load from core 1, with
+the same JSON body (one row of 16 numbers). mmserver serves a no-op
+TorchScript model through everything a real invocation goes through: routing,
+the registry, Accept negotiation, a queue reservation, decoding, the
+ModelRunner with its thread hop, encoding and metrics. The bare handler reads
+and decodes the same body into a tensor and encodes it back, nothing else.
+The last line is
+
+    overhead_ratio=<mmserver requests/s / bare handler requests/s>
+
+1.0 would mean batching and the contract cost nothing; the target is 0.6 or more.
+
+Usage: python bench/http_overhead.py [--seconds 10] [--connections 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+BODY = json.dumps([[float(i) for i in range(16)]]).encode()
+
+
+def bare_server(port: int) -> None:
+    """The baseline: decode the body into a tensor and encode it back, on the loop."""
+    import numpy as np
+    from aiohttp import web
+
+    async def invoke(request: web.Request) -> web.Response:
+        data = torch.from_numpy(np.asarray(json.loads(await request.read()), dtype=np.float32))
+        return web.Response(body=json.dumps(data.tolist()).encode(),
+                            content_type="application/json")
+
+    async def ping(request: web.Request) -> web.Response:
+        return web.json_response({"status": "Healthy"})
+
+    app = web.Application()
+    app.router.add_post("/invoke", invoke)
+    app.router.add_get("/ping", ping)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--bare-server", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.bare_server:
+        bare_server(args.bare_server)
+        return
+
+    print(f"load: {harness.generator_name()}, {args.connections} connections, "
+          f"{args.seconds:g} s per server; server on core {harness.SERVER_CPU}, "
+          f"load on core {harness.LOAD_CPU}")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        harness.save_torchscript(harness.NoOp(), torch.ones(2, 16), root / "noop")
+        port = harness.free_port()
+        command = [*harness.pinned(harness.SERVER_CPU), sys.executable, __file__,
+                   "--bare-server", str(port)]
+        with harness.process(command, f"http://127.0.0.1:{port}/ping"):
+            url = f"http://127.0.0.1:{port}/invoke"
+            harness.closed_loop(url, BODY, "application/json", connections=args.connections,
+                                seconds=1)
+            bare = harness.closed_loop(url, BODY, "application/json",
+                                       connections=args.connections, seconds=args.seconds)
+        with harness.mmserver(root, {"noop": root / "noop"}, "--max-batch-size", "32",
+                              "--max-wait-ms", "0") as base:
+            url = f"{base}/models/noop/invoke"
+            harness.closed_loop(url, BODY, "application/json", connections=args.connections,
+                                seconds=1)
+            before = harness.scrape_histogram(base, "mmserver_batch_size_rows", "noop")
+            ours = harness.closed_loop(url, BODY, "application/json",
+                                       connections=args.connections, seconds=args.seconds)
+            after = harness.scrape_histogram(base, "mmserver_batch_size_rows", "noop")
+    batches = after[1] - before[1]
+    mean_batch = (after[0] - before[0]) / batches if batches else 0.0
+    for label, result in (("bare aiohttp handler", bare), ("mmserver, no-op model", ours)):
+        print(f"{label:24s} {result['rps']:8.0f} requests/s  non-2xx={result['non_2xx']} "
+              f"{result['socket_errors']}")
+    print(f"mmserver mean batch size: {mean_batch:.1f} rows")
+    print(f"overhead_ratio={ours['rps'] / bare['rps']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
