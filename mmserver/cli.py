@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -22,9 +23,12 @@ ACCESS_LOG_FORMAT = ('%a "%r" %s %b %Tf target_model="%{X-Amzn-SageMaker-Target-
 
 
 def _preload_pair(text: str) -> tuple[str, str]:
+    """NAME=URL; a relative URL that exists from here is taken from here, else from the roots."""
     name, sep, url = text.partition("=")
     if not sep or not name or not url:
         raise argparse.ArgumentTypeError(f"expected NAME=URL, got {text!r}")
+    if not os.path.isabs(url) and os.path.exists(url):
+        url = os.path.abspath(url)
     return name, url
 
 
