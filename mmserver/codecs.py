@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torchvision.io
 
+from mmserver.batching import ModelError
 from mmserver.errors import InvalidInput, NotAcceptable, UnsupportedContentType
 
 JSON = "application/json"
@@ -74,6 +75,8 @@ def _decode_json(body: bytes) -> torch.Tensor:
         data = json.loads(body, parse_constant=_reject_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise InvalidInput(f"malformed JSON: {error}") from None
+    except RecursionError:
+        raise InvalidInput("JSON input is nested too deeply") from None
     if not isinstance(data, list):
         raise InvalidInput(
             f"JSON input must be a list of rows (nested lists of numbers), got {type(data).__name__}"
@@ -84,7 +87,10 @@ def _decode_json(body: bytes) -> torch.Tensor:
         raise InvalidInput(f"JSON rows must all have the same shape: {error}") from None
     if array.dtype.kind not in "biuf":
         raise InvalidInput("JSON input must hold only numbers, in lists of equal length")
-    return torch.from_numpy(array.astype(np.float32, copy=False))
+    array = array.astype(np.float32, copy=False)
+    if not np.isfinite(array).all():
+        raise InvalidInput("JSON input holds a number too large for float32 or not finite")
+    return torch.from_numpy(array)
 
 
 def _decode_npy(body: bytes) -> torch.Tensor:
@@ -98,7 +104,9 @@ def _decode_npy(body: bytes) -> torch.Tensor:
         raise InvalidInput(f"not a valid .npy array: {error}") from None
     if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
         raise InvalidInput(f"the .npy array must be numeric, got dtype {array.dtype}")
-    if array.dtype == np.uint16 or array.dtype == np.uint32 or array.dtype == np.uint64:
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    if array.dtype in (np.uint16, np.uint32, np.uint64):  # torch has no such dtypes
         array = array.astype(np.int64)
     return torch.from_numpy(np.ascontiguousarray(array))
 
@@ -168,7 +176,12 @@ def encode(output: Any, accept: str | None) -> tuple[bytes, str]:
     """Encode this request's output rows for the negotiated type."""
     kind = negotiate(accept)
     if kind == JSON:
-        return json.dumps(_to_python(output), separators=(",", ":")).encode(), JSON
+        try:
+            text = json.dumps(_to_python(output), separators=(",", ":"), allow_nan=False)
+        except ValueError:
+            raise ModelError(f"the model's output holds NaN or infinity, which JSON cannot "
+                             f"carry; ask for {NPY}") from None
+        return text.encode(), JSON
     if not isinstance(output, torch.Tensor):
         raise NotAcceptable(f"{kind} can carry a single tensor only; this model returns "
                             f"{type(output).__name__}: ask for {JSON}")

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from mmserver import codecs
+from mmserver.batching import ModelError
 from mmserver.config import BatchSettings
 from mmserver.errors import (
     InsufficientResources,
@@ -164,6 +165,9 @@ class ModelHandler:
                 content_type = codecs.JSON
         if isinstance(body, str):
             body = body.encode()
+        if not isinstance(body, (bytes, bytearray, memoryview)):
+            raise ModelError(f"output_fn must return bytes or str (optionally with a content "
+                             f"type), got {type(body).__name__}")
         return bytes(body), content_type
 
     def close(self) -> None:

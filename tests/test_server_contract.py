@@ -126,6 +126,9 @@ def test_malformed_load_json_is_400(server):
     (b'[[1, 2], [3]]', "application/json", 400),
     (b'[["a", "b"]]', "application/json", 400),
     (b"[[NaN]]", "application/json", 400),
+    (b"[" * 100_000 + b"]" * 100_000, "application/json", 400),
+    (b"[[1, true, null]]", "application/json", 400),
+    (b'[[1e999]]', "application/json", 400),
     (b"3", "application/json", 400),
     (b"[]", "application/json", 400),
     (b"", "application/json", 400),
@@ -156,6 +159,16 @@ def test_a_pickled_npy_is_refused(server, affine):
     status, _, raw = server.request("POST", f"/models/{affine}/invoke", raw_pickle,
                                     {"Content-Type": "application/x-npy"})
     assert_error(status, json.loads(raw), 400)
+
+
+def test_big_endian_and_integer_npy_bodies_are_decoded(server, affine):
+    for array in (np.array([[1.0, 2.0]], dtype=">f4"), np.array([[1, 2]], dtype=np.uint16)):
+        buffer = io.BytesIO()
+        np.save(buffer, array)
+        status, _, raw = server.request("POST", f"/models/{affine}/invoke", buffer.getvalue(),
+                                        {"Content-Type": "application/x-npy"})
+        assert status == 200, raw
+        assert json.loads(raw) == [[3, 5]]
 
 
 def test_content_types_in_and_out(server, affine):
