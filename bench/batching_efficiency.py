@@ -19,13 +19,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torchvision
 
 from mmserver.batching import ModelRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import median_call_seconds  # noqa: E402
 
 INPUT_SHAPE = (3, 64, 64)
 
@@ -59,15 +63,7 @@ async def saturate(model, clients: int, items: int, max_batch_size: int):
 
 
 def raw_seconds_per_batch(model, batch_size: int, repeats: int) -> float:
-    x = torch.randn(batch_size, *INPUT_SHAPE)
-    with torch.inference_mode():
-        model(x)
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            model(x)
-            times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return median_call_seconds(model, torch.randn(batch_size, *INPUT_SHAPE), repeats)
 
 
 def replay_raw(model, counts: collections.Counter) -> float:

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,6 +62,19 @@ def save_torchscript(module: torch.nn.Module, example: torch.Tensor, model_dir: 
         warnings.simplefilter("ignore")
         torch.jit.trace(module.eval(), example).save(str(model_dir / "model.pt"))
     return model_dir
+
+
+def median_call_seconds(model, x: torch.Tensor, repeats: int = 30, warmup: int = 3) -> float:
+    """Median wall time of ``model(x)`` under inference mode, after a few warm-up calls."""
+    with torch.inference_mode():
+        for _ in range(warmup):
+            model(x)
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            model(x)
+            times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def pinned(cpu: str) -> list[str]:

@@ -25,10 +25,8 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import statistics
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -55,17 +53,8 @@ def npy_body() -> bytes:
     return buffer.getvalue()
 
 
-def raw_seconds(model: torch.nn.Module, batch_size: int, repeats: int = 30) -> float:
-    x = torch.randn(batch_size, *INPUT_SHAPE)
-    with torch.inference_mode():
-        for _ in range(3):
-            model(x)
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            model(x)
-            times.append(time.perf_counter() - started)
-    return statistics.median(times)
+def raw_seconds(model: torch.nn.Module, batch_size: int) -> float:
+    return harness.median_call_seconds(model, torch.randn(batch_size, *INPUT_SHAPE))
 
 
 def serve_and_load(root: Path, name: str, args) -> tuple[float, float]:
