@@ -227,7 +227,8 @@ class ModelRunner:
     ``model`` is any callable from a batch tensor to a tensor (or a tuple,
     list or dict of tensors) with one row per input row. ``device`` is where
     batches are moved before the call (default: where the model's parameters
-    are, else CUDA when present, else CPU); outputs come back on the CPU.
+    are; a plain function gets its inputs where they are); outputs come back
+    on the CPU.
 
     Use it from one event loop::
 
@@ -261,7 +262,7 @@ class ModelRunner:
         self.max_wait = float(max_wait)
         self.max_queue_size = int(max_queue_size)
         self.policy = policy
-        self.device = torch.device(device) if device is not None else _default_device(model)
+        self.device = torch.device(device) if device is not None else _parameters_device(model)
         self.name = name
         self.stats = RunnerStats()
         self._listeners: list[Callable[[BatchRecord], None]] = []
@@ -272,6 +273,7 @@ class ModelRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closing = False
+        self._in_flight: list[_Request] = []
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -448,7 +450,9 @@ class ModelRunner:
         now = self._loop.time()
         waits = tuple(now - r.arrival for r in batch)
         started = time.perf_counter()
+        self._in_flight = batch  # answered by _fail_leftovers if the task dies mid-batch
         await self._run_isolated(batch)
+        self._in_flight = []
         compute = time.perf_counter() - started
         failed = sum(1 for r in batch if r.future.done() and not r.future.cancelled()
                      and r.future.exception() is not None)
@@ -491,7 +495,9 @@ class ModelRunner:
         """Runs in the worker thread: concatenate, move, call, move back, split."""
         with torch.inference_mode():
             batch = inputs[0] if len(inputs) == 1 else torch.cat(inputs, dim=0)
-            output = self.model(batch.to(self.device, non_blocking=True))
+            if self.device is not None:
+                batch = batch.to(self.device, non_blocking=True)
+            output = self.model(batch)
             return _split_rows(_to_cpu(output), [x.shape[0] for x in inputs])
 
     def _answer(self, request: _Request, *, result: Any = None,
@@ -519,9 +525,11 @@ class ModelRunner:
                 log.exception("model=%s batch listener failed", self.name)
 
     def _fail_leftovers(self) -> None:
-        while self._queue:
-            self._answer(self._queue.popleft(),
-                         error=RunnerClosed(f"model {self.name!r} stopped"))
+        """If the loop task ends any other way than stop(), nobody may be left waiting."""
+        leftovers = [*self._in_flight, *self._queue]
+        self._in_flight, self._queue = [], collections.deque()
+        for request in leftovers:
+            self._answer(request, error=RunnerClosed(f"model {self.name!r} stopped"))
 
 
 def _as_model_error(error: BaseException, name: str) -> ModelError:
@@ -533,11 +541,11 @@ def _as_model_error(error: BaseException, name: str) -> ModelError:
     return wrapped
 
 
-def _default_device(model: Any) -> torch.device:
+def _parameters_device(model: Any) -> torch.device | None:
     parameters = getattr(model, "parameters", None)
     if callable(parameters):
         try:
             return next(iter(parameters())).device
         except (StopIteration, TypeError, RuntimeError):
             pass
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return None

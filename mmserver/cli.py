@@ -18,6 +18,7 @@ from aiohttp import web
 
 from mmserver.config import Settings
 from mmserver.errors import MMServerError
+from mmserver.resources import usable_cpus
 
 ACCESS_LOG_FORMAT = ('%a "%r" %s %b %Tf target_model="%{X-Amzn-SageMaker-Target-Model}i"')
 
@@ -90,6 +91,9 @@ def serve(args: argparse.Namespace) -> None:
         settings = settings_from_args(args)
     except ValueError as error:
         sys.exit(f"mmserver: {error}")
+    if "OMP_NUM_THREADS" not in os.environ:  # one intra-op thread per CPU we may really use
+        import torch
+        torch.set_num_threads(usable_cpus())
     app = create_app(settings)
     app.on_startup.append(_announce)
     try:
@@ -115,7 +119,8 @@ async def _announce(app: web.Application) -> None:
     from mmserver.app import REGISTRY, SETTINGS
 
     settings, registry = app[SETTINGS], app[REGISTRY]
-    base = f"http://{settings.host}:{settings.port}"
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    base = f"http://{host}:{settings.port}"
     lines = [f"mmserver ready on {base} ({registry.device}); models: "
              f"{', '.join(e.name for e in registry.ready()) or 'none'}", "Try:",
              f"  curl {base}/ping", f"  curl {base}/models"]

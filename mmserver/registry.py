@@ -33,6 +33,7 @@ from mmserver.errors import (
     ModelUrlNotFound,
     UrlOutsideModelRoots,
 )
+from mmserver.resources import available_memory_bytes
 from mmserver.handlers import (
     ModelHandler,
     batch_settings_for,
@@ -260,13 +261,10 @@ def decode_page_token(token: str) -> str:
 
 
 def default_memory_budget_bytes(device: torch.device) -> int:
-    """A share of the memory free now: of the GPU for CUDA models, else of RAM."""
+    """A share of the memory free now: of the GPU for CUDA models, else of RAM (container limits
+    included)."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free * DEFAULT_MEMORY_BUDGET_SHARE)
-    try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        available = 8 * 2**30
-    return int(available * DEFAULT_MEMORY_BUDGET_SHARE)
+    return int(available_memory_bytes() * DEFAULT_MEMORY_BUDGET_SHARE)
 

@@ -436,3 +436,31 @@ def test_statistics_count_batches_rows_and_waits():
     assert [r.rows for r in records] == [4, 2]
     assert records[1].queue_wait_seconds[0] >= 0.05 - 0.005
     assert stats.compute_seconds_total > 0
+
+
+def test_requests_in_a_batch_are_answered_even_if_the_loop_task_is_killed():
+    async def main():
+        model = RecordingModel()
+        model.gate.clear()
+        runner = ModelRunner(model, max_batch_size=2, max_wait=0)
+        await runner.start()
+        tasks = [asyncio.create_task(runner.submit(torch.ones(1, 1))) for _ in range(3)]
+        await asyncio.sleep(0.05)  # one batch in the model, one request queued
+        runner._task.cancel()  # not stop(): something outside killed the loop task
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
+        model.gate.set()
+        assert all(isinstance(r, RunnerClosed) for r in results), results
+        with pytest.raises(RunnerClosed):
+            await runner.submit(torch.ones(1, 1))
+
+    run(main())
+
+
+def test_a_plain_function_gets_its_inputs_where_they_are():
+    async def main():
+        seen = []
+        async with ModelRunner(lambda x: seen.append(x.device) or x, max_wait=0) as runner:
+            await runner.submit(torch.ones(1, 1))
+        assert runner.device is None and seen == [torch.device("cpu")]
+
+    run(main())

@@ -1,0 +1,71 @@
+"""What this process may use: memory and CPUs, container limits included.
+
+Inside ``docker run --memory 4g --cpus 2`` the host's free memory and core
+count are the wrong numbers: admitting models past the container's memory
+limit ends in the kernel's OOM killer instead of a 507, and one torch thread
+per host core oversubscribes the CPU quota. So both readings here take the
+cgroup (v2, then v1) limits into account.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _host_available_memory_bytes() -> int:
+    meminfo = _read(Path("/proc/meminfo"))
+    if meminfo:
+        for line in meminfo.splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cgroup_memory_headroom_bytes() -> int | None:
+    """Limit minus usage of this process's memory cgroup, or None when unlimited."""
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes",
+                                    "memory/memory.usage_in_bytes")):
+        limit, usage = _read(CGROUP / limit_file), _read(CGROUP / usage_file)
+        if limit is None or usage is None:
+            continue
+        if limit == "max" or int(limit) >= 2**60:  # v1 writes "unlimited" as a huge number
+            return None
+        return max(0, int(limit) - int(usage))
+    return None
+
+
+def available_memory_bytes() -> int:
+    """Memory this process can still take: the host's, capped by its container's limit."""
+    host = _host_available_memory_bytes()
+    headroom = _cgroup_memory_headroom_bytes()
+    return host if headroom is None else min(host, headroom)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity, capped by a cgroup CPU quota."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    quota = _read(CGROUP / "cpu.max")
+    if quota:
+        limit, period = quota.split()
+        if limit != "max":
+            cpus = min(cpus, max(1, math.ceil(int(limit) / int(period))))
+    else:
+        limit, period = _read(CGROUP / "cpu/cpu.cfs_quota_us"), _read(CGROUP / "cpu/cpu.cfs_period_us")
+        if limit and period and int(limit) > 0:
+            cpus = min(cpus, max(1, math.ceil(int(limit) / int(period))))
+    return max(1, cpus)
