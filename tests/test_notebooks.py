@@ -1,0 +1,77 @@
+"""The notebooks tell the story and check it: each runs top to bottom, every assert with it.
+
+Every notebook in ``notebooks/`` is executed in a fresh kernel with ``MMSERVER_QUICK=1`` (smaller
+sizes and shorter runs, the same assertions), from the notebooks folder so that it can import
+``book_runner``. The executed copy is written under pytest's temporary directory, never over
+the committed notebook, so a failing cell can be inspected there. A test fails if any cell raises.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from jupyter_client.kernelspec import NATIVE_KERNEL_NAME, KernelSpecManager
+from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS_DIR = ROOT / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
+
+# Quick mode runs each notebook in well under a minute on a 2-core CPU; a cell that takes
+# longer than this is stuck, not slow.
+CELL_TIMEOUT_SECONDS = 300
+
+# jupyter_client swaps these argv[0] spellings for the interpreter that starts the kernel.
+_SPELLINGS_OF_THIS_PYTHON = {"python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"}
+
+
+def _runs_this_python(argv0: str) -> bool:
+    if argv0 in _SPELLINGS_OF_THIS_PYTHON:
+        return True
+    return Path(argv0).resolve() == Path(sys.executable).resolve()
+
+
+def _kernel_manager() -> KernelManager | None:
+    """None when the registered ``python3`` kernel is this interpreter, else one that is.
+
+    In the project's venv ipykernel installs ``python3`` under ``.venv/share/jupyter``, which
+    jupyter searches first. If a kernel registered elsewhere (``~/.local``, system-wide) runs
+    another Python, we fall back to ipykernel's built-in spec, which always starts
+    ``sys.executable``; nothing is registered globally either way.
+    """
+    spec = KernelSpecManager().get_kernel_spec(NATIVE_KERNEL_NAME)
+    if _runs_this_python(spec.argv[0]):
+        return None
+    builtin_only = KernelSpecManager(kernel_dirs=[], ensure_native_kernel=True)
+    return KernelManager(kernel_name=NATIVE_KERNEL_NAME, kernel_spec_manager=builtin_only)
+
+
+def test_there_are_notebooks():
+    assert [p.name[:2] for p in NOTEBOOKS][:3] == ["01", "02", "03"], NOTEBOOKS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_top_to_bottom_in_quick_mode(notebook: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("MMSERVER_QUICK", "1")  # the kernel inherits this process's environment
+    nb = nbformat.read(notebook, as_version=4)
+    # One extra cell at the end proves which interpreter ran the notebook.
+    nb.cells.append(nbformat.v4.new_code_cell("import sys\nprint(sys.executable)"))
+    client = NotebookClient(
+        nb,
+        km=_kernel_manager(),
+        timeout=CELL_TIMEOUT_SECONDS,
+        kernel_name=NATIVE_KERNEL_NAME,
+        resources={"metadata": {"path": str(NOTEBOOKS_DIR)}},
+    )
+    try:
+        client.execute()  # raises CellExecutionError, with the cell's traceback, if a cell fails
+    finally:
+        nbformat.write(nb, tmp_path / notebook.name)
+    kernel_python = nb.cells[-1].outputs[0]["text"].strip()
+    assert Path(kernel_python).resolve() == Path(sys.executable).resolve()
