@@ -37,6 +37,7 @@ from mmserver.errors import (
     InvocationTimeout,
     MMServerError,
     ModelAlreadyLoaded,
+    ModelLoading,
     ModelNotFound,
     ModelUrlNotFound,
     NotAcceptable,
@@ -58,6 +59,7 @@ STATUS_BY_ERROR: tuple[tuple[type[BaseException], int], ...] = (
     (ModelUrlNotFound, 404),
     (ModelNotFound, 404),
     (ModelAlreadyLoaded, 409),
+    (ModelLoading, 409),
     (PayloadTooLarge, 413),
     (NotAcceptable, 406),
     (InsufficientResources, 507),
@@ -159,7 +161,7 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def describe_model(request: web.Request) -> web.Response:
-    entry = request.app[REGISTRY].get(request.match_info["name"])
+    entry = request.app[REGISTRY].find(request.match_info["name"])
     return web.json_response(entry.describe())
 
 
@@ -204,8 +206,10 @@ async def _invoke(request: web.Request, name: str) -> web.Response:
         response = await _run_invocation(request, app, entry)
     except (MMServerError, batching.BatchingError) as error:
         response = _domain_error_response(error)
-        if response.status >= 500:
+        if response.status >= 500 and response.status != 503:  # shedding load is routine
             log.warning("model=%s invoke failed with %d: %s", name, response.status, error)
+        else:
+            log.debug("model=%s invoke answered %d: %s", name, response.status, error)
     app[METRICS].request_done(name, response.status, time.perf_counter() - started)
     return response
 

@@ -36,6 +36,10 @@ class ModelAlreadyLoaded(MMServerError):
     """A model of that name is loaded or loading."""
 
 
+class ModelLoading(MMServerError):
+    """The model is still loading; it can be unloaded once it is ready."""
+
+
 class InsufficientResources(MMServerError):
     """Not enough memory (or model slots) to load or run the model."""
 

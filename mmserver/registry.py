@@ -29,6 +29,7 @@ from mmserver.errors import (
     InsufficientResources,
     InvalidRequest,
     ModelAlreadyLoaded,
+    ModelLoading,
     ModelNotFound,
     ModelUrlNotFound,
     UrlOutsideModelRoots,
@@ -192,6 +193,13 @@ class ModelRegistry:
             raise ModelNotFound(f"model {name!r} is not loaded")
         return entry
 
+    def find(self, name: str) -> ModelEntry:
+        """Like get(), but a model still loading or unloading is found too (to describe it)."""
+        entry = self._entries.get(name)
+        if entry is None:
+            raise ModelNotFound(f"model {name!r} is not loaded")
+        return entry
+
     def ready(self) -> list[ModelEntry]:
         return [e for e in self._entries.values() if e.state == "ready"]
 
@@ -215,6 +223,8 @@ class ModelRegistry:
 
     async def unload(self, name: str) -> None:
         """Let accepted requests finish, then free the model (CUDA cache included)."""
+        if name in self._entries and self._entries[name].state == "loading":
+            raise ModelLoading(f"model {name!r} is still loading; unload it once it is ready")
         entry = self.get(name)
         entry.state = "unloading"
         try:

@@ -120,6 +120,13 @@ def model_root(tmp_path_factory) -> Path:
         def model_fn(model_dir):
             raise MemoryError("cannot allocate 40 GiB")
     """)
+    write_code(root / "slow_load", """
+        import time
+
+        def model_fn(model_dir):
+            time.sleep(1.5)
+            return lambda x: x * 2 + 1
+    """)
     (root / "corrupt").mkdir()
     (root / "corrupt" / "model.pt").write_bytes(b"this is not a TorchScript archive")
     (root / "empty").mkdir()

@@ -49,6 +49,22 @@ def test_concurrent_loads_of_one_name_give_one_200(server, model_root):
         server.request("DELETE", "/models/racy")
 
 
+def test_a_model_still_loading_is_described_but_not_served_or_unloaded(server, model_root):
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        loading = pool.submit(server.load, "loading", model_root / "slow_load")
+        time.sleep(0.5)
+        status, body = server.json("GET", "/models/loading")
+        assert status == 200 and body["status"] == "loading"
+        status, body = server.json("DELETE", "/models/loading")
+        assert status == 409 and body["type"] == "ModelLoading"
+        assert server.invoke("loading", [[1.0]])[0] == 404
+        assert server.load("loading", model_root / "affine")[0] == 409
+        assert loading.result(timeout=30)[0] == 200
+    assert server.json("GET", "/models/loading")[1]["status"] == "ready"
+    assert server.invoke("loading", [[1.0]]) == (200, [[3.0]])
+    assert server.json("DELETE", "/models/loading")[0] == 200
+
+
 def test_a_full_queue_answers_503_with_retry_after(model_root):
     with running_server(["--model-root", str(model_root), "--no-access-log",
                          "--max-queue-size", "2", "--max-batch-size", "1"]) as server:
