@@ -1,0 +1,40 @@
+"""Request bodies for the example models (no locust here: the sweep imports this too).
+
+One row per request. resnet18 goes as ``application/x-npy``: JSON for its
+12288 floats would cost the server more than the model does.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+
+def npy_row(shape=(1, 3, 64, 64)) -> bytes:
+    import numpy as np
+
+    rows = np.random.default_rng(0).random(shape, dtype=np.float32)
+    buffer = io.BytesIO()
+    np.save(buffer, rows, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _json(rows) -> bytes:
+    return json.dumps(rows).encode()
+
+
+#: example name -> (content type, body builder)
+PAYLOADS = {
+    "resnet18": ("application/x-npy", npy_row),
+    "tabular": ("application/json", lambda: _json([[round(0.1 * i, 1) for i in range(16)]])),
+    "digits": ("application/json", lambda: _json([[(i * 7) % 17 for i in range(64)]])),
+}
+_BODIES: dict[str, bytes] = {}
+
+
+def payload(example: str) -> tuple[bytes, dict[str, str]]:
+    """(body, headers) of a one-row request for an example model."""
+    content_type, build = PAYLOADS[example]
+    if example not in _BODIES:
+        _BODIES[example] = build()
+    return _BODIES[example], {"Content-Type": content_type, "Accept": "application/json"}

@@ -1,0 +1,31 @@
+"""Scenario 4: overload, far beyond what the server can compute.
+
+``OverloadUser`` is open loop (see ``OpenLoopUser``) at ``--mm-target-rps``
+(default 500 requests/s in all, several times what resnet18 does on a CPU).
+The server's queue fills and it sheds load with 503 + Retry-After; those
+answers are counted under ``invoke <model> (shed 503)``, not as failures:
+shedding is the behaviour under test. Anything else (timeouts, 500s,
+refused connections) is a failure.
+
+A user holds one request at a time, so the server only fills its queue when
+there are more users than ``max_queue_size`` plus one batch in flight: with
+the server's default queue of 256, use ``-u 400`` or more.
+
+    locust -f loadtests --headless -u 400 -r 100 -t 30s OverloadUser
+"""
+
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run from any directory
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+from loadtests._common import OneModelUser  # noqa: E402
+
+
+class OverloadUser(OneModelUser):
+    open_loop = True
+    shed_ok = True
+    default_target_rps = 500.0
+

@@ -1,0 +1,553 @@
+"""The batching sweep: policy x MAX_BATCH_SIZE x MAX_WAIT x offered load.
+
+    python -m loadtests.sweep --out results/cpu          # the full grid (~11 min on 2 cores)
+    python -m loadtests.sweep --quick --out /tmp/sweep   # CI: a few points, ~1 min
+
+For each batching setting (policy, max_batch_size, max_wait) the sweep starts
+``mmserver serve`` with those flags (pinned with ``taskset`` to
+``--server-cpus``, core 0 by default), preloads resnet18 from a model
+directory *without* ``mmserver.json`` (so the flags apply; the example's own
+file would override them), checks the server reports the settings asked for,
+and warms the model up. Then for each offered load it runs locust headless
+(pinned to ``--locust-cpus``, core 1; ``--locust-processes N`` uses locust's
+own multi-process mode where one core cannot generate the load) with the
+open-loop ``OpenLoopUser`` of ``loadtests/steady.py``: Poisson arrivals at
+the offered rate spread over ``users = offered rate x --users-per-rps``
+users, because N closed-loop users cap every batch at N.
+
+One tidy row per point goes to ``OUT/sweep.csv`` (columns: ``COLUMNS``):
+locust's client-side view (achieved throughput, p50/p95/p99 of the 200
+answers, failures, 503s shed) beside the server's own view from ``/metrics``
+over the same run (deltas of the ``_sum``/``_count`` of the batch-size,
+queue-wait and compute histograms, and the batch-size histogram buckets as
+JSON). Locust's raw CSVs (``--csv``) and final JSON stats (``--json-file``,
+the numbers used here: locust writes its CSVs once a second, so they can miss
+the last second) are kept per point under ``OUT/raw/``, with each server's log.
+
+Resumable: a point already in ``sweep.csv`` is skipped, and so is a server
+whose points are all there. Grid rules: ``timer`` with ``max_wait = 0``, and
+``timer`` with ``max_batch_size = 1``, behave exactly as ``greedy`` and are
+not run.
+
+Nothing here assumes a CPU: the ``device`` column is what the server reports
+for the model (``GET /models/{name}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import http.client
+import importlib.metadata
+import itertools
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+LOCUSTFILE = REPO_ROOT / "loadtests" / "steady.py"
+USER_CLASS = "OpenLoopUser"
+EXAMPLES_ENV = "MMSERVER_EXAMPLES_DIR"
+
+COLUMNS = [
+    "policy", "max_batch_size", "max_wait_ms", "max_queue_size", "offered_rps", "users",
+    "duration_s", "achieved_rps", "sent_rps", "requests", "p50_ms", "p95_ms", "p99_ms",
+    "mean_ms", "max_ms", "failures", "shed_503", "server_mean_latency_ms", "mean_batch_size",
+    "mean_queue_wait_ms", "mean_compute_ms", "batches", "batch_size_hist", "model", "device",
+    "torch_version", "cpu_count", "cpu_model", "server_cpus", "locust_cpus", "locust_processes",
+    "started_at", "locust_csv",
+]
+#: Columns that, with the model, identify a point (for resuming).
+KEY = ("policy", "max_batch_size", "max_wait_ms", "offered_rps")
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    policies: tuple[str, ...]
+    batch_sizes: tuple[int, ...]
+    waits_ms: tuple[float, ...]
+    loads_rps: tuple[float, ...]
+    duration_s: float
+
+    def settings(self) -> list[tuple[str, int, float]]:
+        out = []
+        for policy, size, wait in itertools.product(self.policies, self.batch_sizes, self.waits_ms):
+            if policy == "timer" and (wait == 0 or size == 1):
+                continue  # identical to greedy: nothing to wait for
+            out.append((policy, size, wait))
+        return out
+
+
+# Through the server on one core of the 2-core development machine, resnet18 on 3x64x64
+# answers ~100 requests/s one at a time and ~240/s in batches of 8 or more: the loads go
+# from easy, through the single-request limit, to past the batched one.
+FULL = Grid(policies=("greedy", "timer"), batch_sizes=(1, 8, 32), waits_ms=(0, 5, 20),
+            loads_rps=(40, 120, 180, 220, 260), duration_s=7)
+QUICK = Grid(policies=("greedy",), batch_sizes=(1, 16), waits_ms=(2,), loads_rps=(30, 150),
+             duration_s=4)
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x.strip())
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m loadtests.sweep", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="the small CI grid (about a minute)")
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "build" / "sweep",
+                   help="output folder: sweep.csv, raw/, plots (default build/sweep)")
+    p.add_argument("--policies", type=lambda s: tuple(s.split(",")), help="e.g. greedy,timer")
+    p.add_argument("--batch-sizes", type=_ints, help="e.g. 1,8,32")
+    p.add_argument("--waits-ms", type=_floats, help="e.g. 0,5,20")
+    p.add_argument("--loads", type=_floats, help="offered requests/s, e.g. 40,100,160,240")
+    p.add_argument("--duration", type=float, help="measured seconds per point")
+    p.add_argument("--max-queue-size", type=int, default=64,
+                   help="server queue per model (bounds the latency of an overloaded point)")
+    p.add_argument("--users-per-rps", type=float, default=1.0,
+                   help="open-loop users per offered request/s: the latency (s) a point may "
+                        "reach before the generator can no longer keep its rate")
+    p.add_argument("--min-users", type=int, default=8)
+    p.add_argument("--max-users", type=int, default=600)
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds of warm-up per server")
+    p.add_argument("--examples-dir", type=Path,
+                   default=Path(os.environ.get(EXAMPLES_ENV, REPO_ROOT / "build" / "examples")),
+                   help="where resnet18/model is (written there if missing)")
+    p.add_argument("--model", default="resnet18", choices=("resnet18",),
+                   help="the example model to sweep")
+    p.add_argument("--server-cpus", default="0", help="taskset CPU list for the server")
+    p.add_argument("--locust-cpus", default="1", help="taskset CPU list for locust")
+    p.add_argument("--locust-processes", type=int, default=0,
+                   help="locust --processes (0: one process); use with several --locust-cpus")
+    p.add_argument("--latency-budget-ms", type=float, default=100.0,
+                   help="p99 budget for the recommended setting printed at the end")
+    p.add_argument("--no-plots", action="store_true", help="do not write the PNG plots")
+    return p
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pinned(cpus: str, command: list[str]) -> tuple[list[str], str]:
+    """``taskset -c cpus command`` where taskset exists and the CPUs are ours; else as is."""
+    if not cpus or shutil.which("taskset") is None or not hasattr(os, "sched_getaffinity"):
+        return command, ""
+    wanted = set()
+    for part in cpus.split(","):
+        lo, _, hi = part.partition("-")
+        wanted.update(range(int(lo), int(hi or lo) + 1))
+    if not wanted or not wanted <= os.sched_getaffinity(0) or len(os.sched_getaffinity(0)) < 2:
+        return command, ""
+    return ["taskset", "-c", cpus, *command], cpus
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def torch_version() -> str:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def request(port: int, method: str, path: str, body: bytes | None = None,
+            headers: dict | None = None, timeout: float = 30) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+_SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text: str, model: str) -> dict[tuple[str, tuple], float]:
+    """Samples of one model from Prometheus text: {(name, ((label, value), ...)): value}."""
+    samples = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        labels = dict(_LABEL.findall(match["labels"] or ""))
+        if labels.pop("model", None) != model:
+            continue
+        samples[(match["name"], tuple(sorted(labels.items())))] = float(match["value"])
+    return samples
+
+
+def scrape(port: int, model: str) -> dict:
+    status, raw = request(port, "GET", "/metrics")
+    if status != 200:
+        raise RuntimeError(f"GET /metrics answered {status}")
+    return parse_metrics(raw.decode(), model)
+
+
+def metric(samples: dict, name: str, **labels) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def server_view(before: dict, after: dict) -> dict:
+    """The server's own means over a run, from histogram deltas."""
+    def delta(name, **labels):
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    def mean(base, scale=1.0):
+        count = delta(base + "_count")
+        return round(delta(base + "_sum") / count * scale, 3) if count else float("nan")
+
+    bounds = sorted({dict(k[1]).get("le") for k in after if k[0] == "mmserver_batch_size_rows_bucket"},
+                    key=lambda le: math.inf if le == "+Inf" else float(le))
+    hist, previous = {}, 0.0
+    for le in bounds:
+        cumulative = delta("mmserver_batch_size_rows_bucket", le=le)
+        label = "+Inf" if le == "+Inf" else f"{float(le):g}"
+        hist[label] = int(round(cumulative - previous))
+        previous = cumulative
+    return {
+        "mean_batch_size": mean("mmserver_batch_size_rows"),
+        "mean_queue_wait_ms": mean("mmserver_queue_wait_seconds", 1000.0),
+        "mean_compute_ms": mean("mmserver_compute_seconds", 1000.0),
+        "server_mean_latency_ms": mean("mmserver_request_latency_seconds", 1000.0),
+        "batches": int(delta("mmserver_batch_size_rows_count")),
+        "batch_size_hist": json.dumps({k: v for k, v in hist.items() if v or k != "+Inf"}),
+        "server_requests": delta("mmserver_requests_total", status="200"),
+        "server_503": delta("mmserver_requests_total", status="503"),
+    }
+
+
+def percentile(response_times: dict, q: float) -> float:
+    """Locust's rounded response-time histogram {ms: count} -> the q-quantile, ms."""
+    items = sorted((float(k), int(v)) for k, v in response_times.items())
+    total = sum(v for _, v in items)
+    if not total:
+        return float("nan")
+    cumulative = 0
+    for ms, count in items:
+        cumulative += count
+        if cumulative >= q * total:
+            return ms
+    return items[-1][0]
+
+
+def client_view(stats: list[dict], model: str) -> dict:
+    """Locust's --json-file stats -> throughput, latency of the 200s, failures, shed."""
+    ok_name, shed_name = f"invoke {model}", f"invoke {model} (shed 503)"
+    entries = {e["name"]: e for e in stats}
+    ok = entries.get(ok_name, {})
+    shed = entries.get(shed_name, {})
+    failures = sum(int(e.get("num_failures", 0)) for e in stats)
+    answered = int(ok.get("num_requests", 0)) - int(ok.get("num_failures", 0))
+    starts = [e["start_time"] for e in (ok, shed) if e.get("start_time")]
+    ends = [e["last_request_timestamp"] for e in (ok, shed) if e.get("last_request_timestamp")]
+    window = (max(ends) - min(starts)) if starts and ends else 0.0
+    sent = sum(int(e.get("num_requests", 0)) for e in (ok, shed))
+    rt = ok.get("response_times", {})
+    n = int(ok.get("num_requests", 0))
+    return {
+        "requests": answered,
+        "achieved_rps": round(answered / window, 2) if window > 0 else 0.0,
+        "sent_rps": round(sent / window, 2) if window > 0 else 0.0,
+        "p50_ms": percentile(rt, 0.50),
+        "p95_ms": percentile(rt, 0.95),
+        "p99_ms": percentile(rt, 0.99),
+        "mean_ms": round(ok.get("total_response_time", 0.0) / n, 2) if n else float("nan"),
+        "max_ms": round(ok.get("max_response_time") or float("nan"), 2),
+        "failures": failures,
+        "shed_503": int(shed.get("num_requests", 0)),
+    }
+
+
+# -- the server ------------------------------------------------------------------------------
+
+
+class SweepServer:
+    def __init__(self, args, model_root: Path, policy: str, size: int, wait_ms: float, log_path: Path):
+        self.port = free_port()
+        self.model = args.model
+        command = [sys.executable, "-m", "mmserver", "serve", "--host", "127.0.0.1",
+                   "--port", str(self.port), "--model-root", str(model_root),
+                   "--preload", f"{args.model}={model_root / args.model / 'model'}",
+                   "--max-batch-size", str(size), "--max-wait-ms", f"{wait_ms:g}",
+                   "--max-queue-size", str(args.max_queue_size), "--policy", policy,
+                   "--no-access-log", "--log-level", "WARNING"]
+        command, self.cpus = pinned(args.server_cpus, command)
+        self._log = open(log_path, "w")
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
+                                        cwd=REPO_ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._wait_ready(log_path)
+        status, raw = request(self.port, "GET", f"/models/{self.model}")
+        self.describe = json.loads(raw)
+        batching = self.describe.get("batching", {})
+        expected = {"maxBatchSize": size, "maxWaitMs": float(wait_ms), "policy": policy,
+                    "maxQueueSize": args.max_queue_size}
+        if any(batching.get(k) != v for k, v in expected.items()):
+            self.stop()
+            raise RuntimeError(f"the server runs {batching}, not {expected}: does the model "
+                               "directory hold an mmserver.json that overrides the flags?")
+
+    def _wait_ready(self, log_path: Path, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited:\n{log_path.read_text()[-3000:]}")
+            try:
+                if request(self.port, "GET", f"/models/{self.model}", timeout=2)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"the server was not ready in {timeout} s:\n{log_path.read_text()[-3000:]}")
+
+    def warm_up(self, body: bytes, seconds: float, concurrency: int) -> None:
+        """Concurrent requests so the model has run every batch size before we measure."""
+        deadline = time.monotonic() + seconds
+        headers = {"Content-Type": "application/x-npy"}
+
+        def client():
+            while time.monotonic() < deadline:
+                try:
+                    request(self.port, "POST", f"/models/{self.model}/invoke", body, headers)
+                except OSError:
+                    time.sleep(0.05)
+
+        threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(seconds + 60)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+# -- one point ---------------------------------------------------------------------------------
+
+
+def run_point(args, server: SweepServer, model_root: Path, load: float, prefix: Path) -> dict:
+    users = max(args.min_users, min(args.max_users, math.ceil(load * args.users_per_rps)))
+    ramp_s = 1.0  # -r users: all users start within a second
+    command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
+               "-u", str(users), "-r", str(users), "-t", f"{args.duration + ramp_s:g}s",
+               "--reset-stats", "--only-summary", "--loglevel", "WARNING",
+               "--host", f"http://127.0.0.1:{server.port}", "--csv", str(prefix),
+               "--json-file", str(prefix), "--mm-examples-dir", str(model_root),
+               "--mm-model", args.model, "--mm-target-rps", f"{load:g}"]
+    if args.locust_processes:
+        command += ["--processes", str(args.locust_processes)]
+    command.append(USER_CLASS)
+    command, locust_cpus = pinned(args.locust_cpus, command)
+    first = scrape(server.port, server.model)
+    base_count = metric(first, "mmserver_request_latency_seconds_count")
+    log_path = prefix.with_name(prefix.name + "_locust.log")
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        try:
+            # The server's window starts once traffic flows and the users are all started,
+            # as locust's does (--reset-stats), so neither counts the ramp.
+            before = first
+            deadline = time.monotonic() + 60
+            while process.poll() is None and time.monotonic() < deadline:
+                now = scrape(server.port, server.model)
+                if metric(now, "mmserver_request_latency_seconds_count") > base_count:
+                    time.sleep(ramp_s + 0.5)
+                    before = scrape(server.port, server.model)
+                    break
+                time.sleep(0.1)
+            process.wait(timeout=args.duration + 180)
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+    after = scrape(server.port, server.model)
+    json_path = Path(str(prefix) + ".json")
+    if process.returncode not in (0, 1) or not json_path.exists():
+        raise RuntimeError(f"locust exited {process.returncode}; see {log_path}:\n"
+                           f"{log_path.read_text()[-3000:]}")
+    row = {"users": users, "duration_s": args.duration, "locust_cpus": locust_cpus,
+           "locust_processes": args.locust_processes}
+    row.update(client_view(json.loads(json_path.read_text()), args.model))
+    view = server_view(before, after)
+    row.update({k: v for k, v in view.items() if k in COLUMNS})
+    return row
+
+
+# -- the sweep -------------------------------------------------------------------------------
+
+
+def read_rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def point_key(row: dict) -> tuple:
+    return (str(row["model"]), str(row["policy"]), int(float(row["max_batch_size"])),
+            float(row["max_wait_ms"]), float(row["offered_rps"]))
+
+
+def prepare_model_root(args, root: Path) -> Path:
+    """resnet18's model.pt in a folder of our own, without the example's mmserver.json."""
+    source = args.examples_dir / args.model / "model"
+    if not (source / "model.pt").exists():
+        print(f"writing the {args.model} example to {args.examples_dir} ...", flush=True)
+        from mmserver.examples import write_examples
+        write_examples(args.examples_dir, names=[args.model])
+    target = root / args.model / "model"
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("model.pt", "metadata.json"):
+        if (source / name).exists():
+            shutil.copy2(source / name, target / name)
+    return root
+
+
+def _fmt_s(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    base = QUICK if args.quick else FULL
+    grid = Grid(policies=args.policies or base.policies,
+                batch_sizes=args.batch_sizes or base.batch_sizes,
+                waits_ms=args.waits_ms or base.waits_ms,
+                loads_rps=args.loads or base.loads_rps,
+                duration_s=args.duration or base.duration_s)
+    args.duration = grid.duration_s
+    args.examples_dir = args.examples_dir.expanduser().resolve()
+    out = args.out.expanduser().resolve()
+    raw = out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    csv_path = out / "sweep.csv"
+    rows = read_rows(csv_path)
+    done = {point_key(r) for r in rows}
+
+    settings = grid.settings()
+    points = [(s, load) for s in settings for load in grid.loads_rps]
+    todo = [(s, load) for s, load in points if (args.model, *s, float(load)) not in done]
+    print(f"sweep: {len(points)} points ({len(settings)} settings x {len(grid.loads_rps)} loads, "
+          f"{grid.duration_s:g} s each); {len(points) - len(todo)} already in {csv_path}", flush=True)
+    if not todo:
+        return finish(args, csv_path, out)
+
+    common = {"model": args.model, "max_queue_size": args.max_queue_size,
+              "torch_version": torch_version(), "cpu_count": os.cpu_count(),
+              "cpu_model": cpu_model()}
+    started, finished = time.monotonic(), 0
+    with tempfile.TemporaryDirectory(prefix="mmserver-sweep-") as tmp:
+        model_root = prepare_model_root(args, Path(tmp))
+        from loadtests._payload import npy_row
+        body = npy_row()
+        for setting, group in itertools.groupby(todo, key=lambda p: p[0]):
+            policy, size, wait = setting
+            tag = f"{policy}-b{size}-w{wait:g}"
+            server = SweepServer(args, model_root, policy, size, wait, raw / f"{tag}_server.log")
+            try:
+                server.warm_up(body, args.warmup, concurrency=max(4, min(64, 2 * size)))
+                for _, load in group:
+                    prefix = raw / f"{tag}-r{load:g}"
+                    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+                    row = {**common, "policy": policy, "max_batch_size": size,
+                           "max_wait_ms": wait, "offered_rps": load, "started_at": stamp,
+                           "device": server.describe.get("device", ""),
+                           "server_cpus": server.cpus,
+                           "locust_csv": str(prefix.relative_to(out))}
+                    row.update(run_point(args, server, model_root, load, prefix))
+                    append_row(csv_path, row)
+                    finished += 1
+                    elapsed = time.monotonic() - started
+                    left = elapsed / finished * (len(todo) - finished)
+                    position = len(points) - len(todo) + finished
+                    print(f"[{position:>3}/{len(points)}] {policy:<6} batch<={size:<3} "
+                          f"wait={wait:>4g}ms {load:>5g} rps offered ({row['users']} users) -> "
+                          f"{row['achieved_rps']:>6.1f} rps  p50 {row['p50_ms']:>5g} ms  "
+                          f"p99 {row['p99_ms']:>5g} ms  batch {row['mean_batch_size']:>5} "
+                          f"shed {row['shed_503']} fail {row['failures']} | "
+                          f"{_fmt_s(elapsed)} elapsed, ~{_fmt_s(left)} left", flush=True)
+            finally:
+                server.stop()
+    return finish(args, csv_path, out)
+
+
+def append_row(path: Path, row: dict) -> None:
+    new = not path.exists() or path.stat().st_size == 0
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        if new:
+            writer.writeheader()
+        writer.writerow({k: row.get(k, "") for k in COLUMNS})
+
+
+def finish(args, csv_path: Path, out: Path) -> int:
+    from loadtests.plots import load_rows, recommend
+
+    rows = load_rows(csv_path)
+    best = max(rows, key=lambda r: r["achieved_rps"], default=None)
+    if best:
+        print(f"best throughput: {best['achieved_rps']:.1f} rps at {describe(best)} "
+              f"(p99 {best['p99_ms']:g} ms, mean batch {best['mean_batch_size']:.2f})")
+    pick = recommend(rows, args.latency_budget_ms)
+    if pick:
+        print(f"recommended for p99 <= {args.latency_budget_ms:g} ms: {describe(pick)} -> "
+              f"{pick['achieved_rps']:.1f} rps, p99 {pick['p99_ms']:g} ms, "
+              f"mean batch {pick['mean_batch_size']:.2f}")
+    else:
+        print(f"no point met p99 <= {args.latency_budget_ms:g} ms without shedding")
+    if not args.no_plots:
+        from loadtests.plots import save_figures
+        for path in save_figures(csv_path, out):
+            print(f"wrote {path}")
+    return 0
+
+
+def describe(row: dict) -> str:
+    return (f"policy={row['policy']} max_batch_size={row['max_batch_size']} "
+            f"max_wait_ms={row['max_wait_ms']:g} offered {row['offered_rps']:g} rps")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
