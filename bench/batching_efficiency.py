@@ -8,6 +8,9 @@ the same batches cost raw. The last line is
 
     efficiency=<raw time for the same batches / time through the runner>
 
+(the median over a few rounds, each a runner run followed at once by its raw
+replay, so that drift in a shared machine's speed hits both sides alike)
+
 1.0 means the runner adds nothing (queueing, concatenation, the thread hop,
 splitting the output); the target on a 2-core CPU is 0.90 or more.
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -86,6 +90,9 @@ def main() -> None:
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--repeats", type=int, default=5, help="raw timings per batch size")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="runner run + raw replay pairs; the median ratio is reported, "
+                             "since a shared machine's speed drifts between runs")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -93,19 +100,21 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.threads} intra-op thread(s), "
           f"resnet18 on {INPUT_SHAPE}, {args.clients} closed-loop clients")
 
-    elapsed, counts = asyncio.run(saturate(model, args.clients, args.items, args.max_batch_size))
-    rows = sum(b * n for b, n in counts.items())
-    print(f"through ModelRunner: {rows} items in {elapsed:.2f} s = {rows / elapsed:.1f} items/s")
-    print("batch-size distribution (rows: batches):",
-          ", ".join(f"{b}: {n}" for b, n in sorted(counts.items())))
-
     raw = {b: raw_seconds_per_batch(model, b, args.repeats) for b in (1, args.max_batch_size)}
     print(f"raw model: {1 / raw[1]:.1f} items/s at batch 1, "
           f"{args.max_batch_size / raw[args.max_batch_size]:.1f} items/s "
           f"at batch {args.max_batch_size}")
-    raw_total = replay_raw(model, counts)
-    print(f"raw model, same batches: {raw_total:.2f} s = {rows / raw_total:.1f} items/s")
-    print(f"efficiency={raw_total / elapsed:.3f}")
+    ratios = []
+    for round_ in range(1, args.rounds + 1):
+        elapsed, counts = asyncio.run(
+            saturate(model, args.clients, args.items, args.max_batch_size))
+        raw_total = replay_raw(model, counts)
+        rows = sum(b * n for b, n in counts.items())
+        ratios.append(raw_total / elapsed)
+        print(f"round {round_}: ModelRunner {rows / elapsed:.1f} items/s, raw model on the same "
+              f"batches {rows / raw_total:.1f} items/s, ratio {ratios[-1]:.3f}; batch sizes "
+              f"(rows: batches) " + ", ".join(f"{b}: {n}" for b, n in sorted(counts.items())))
+    print(f"efficiency={statistics.median(ratios):.3f}")
 
 
 if __name__ == "__main__":
