@@ -203,7 +203,8 @@ async def _invoke(request: web.Request, name: str) -> web.Response:
     app = request.app
     entry = app[REGISTRY].get(name)
     try:
-        response = await _run_invocation(request, app, entry)
+        with entry.invocation():
+            response = await _run_invocation(request, app, entry)
     except (MMServerError, batching.BatchingError) as error:
         response = _domain_error_response(error)
         if response.status >= 500 and response.status != 503:  # shedding load is routine

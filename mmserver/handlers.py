@@ -171,9 +171,8 @@ class ModelHandler:
         return bytes(body), content_type
 
     def close(self) -> None:
-        """Drop every reference to the model so its memory can be freed."""
+        """Drop the reference to the model so its memory can be freed."""
         self.model = None
-        self._model_fn = self._input_fn = self._predict_fn = self._output_fn = None
 
 
 def load_default_model(model_dir: Path, device: torch.device) -> Any:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import dataclasses
 import gc
 import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -61,6 +62,20 @@ class ModelEntry:
     runner: ModelRunner | None = None
     memory_bytes: int = 0
     loaded_at: float = 0.0
+    invocations: int = 0
+    idle: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+    @contextlib.contextmanager
+    def invocation(self) -> Iterator[None]:
+        """Mark an invocation in progress; unload waits for the last one to be encoded."""
+        self.invocations += 1
+        self.idle.clear()
+        try:
+            yield
+        finally:
+            self.invocations -= 1
+            if self.invocations == 0:
+                self.idle.set()
 
     def describe(self) -> dict:
         described = {"modelName": self.name, "modelUrl": self.url, "status": self.state}
@@ -229,6 +244,8 @@ class ModelRegistry:
         entry.state = "unloading"
         try:
             await entry.runner.stop()
+            if entry.invocations:  # answered by the runner, maybe still in output_fn
+                await entry.idle.wait()
         finally:
             entry.handler.close()
             entry.handler = None

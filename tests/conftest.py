@@ -101,6 +101,21 @@ ATTRIBUTES_CODE = """
 """
 
 
+SLOW_CUSTOM_OUTPUT_CODE = """
+    import json, time
+
+    def model_fn(model_dir):
+        return None
+
+    def predict_fn(data, model):
+        time.sleep(0.3)
+        return data * 2 + 1
+
+    def output_fn(prediction, accept):
+        return json.dumps({"answer": prediction.tolist()}), "application/json"
+"""
+
+
 @pytest.fixture(scope="session")
 def model_root(tmp_path_factory) -> Path:
     """A model root with every kind of artifact the tests need, good and bad."""
@@ -111,6 +126,7 @@ def model_root(tmp_path_factory) -> Path:
     write_code(root / "failing", FAILING_CODE)
     write_code(root / "oom", OOM_CODE)
     write_code(root / "attributes", ATTRIBUTES_CODE)
+    write_code(root / "slow_custom_output", SLOW_CUSTOM_OUTPUT_CODE)
     write_code(root / "broken_code", "def model_fn(model_dir:\n    return 1\n")
     write_code(root / "raising_model_fn", """
         def model_fn(model_dir):

@@ -110,6 +110,17 @@ def test_unload_lets_accepted_requests_finish(server, model_root):
     assert server.invoke("draining", [[0.0]])[0] == 404
 
 
+def test_unload_waits_for_answers_to_be_encoded_by_the_models_own_output_fn(server, model_root):
+    for round_ in range(3):
+        assert server.load("custom-out", model_root / "slow_custom_output")[0] == 200
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(server.invoke, "custom-out", [[float(i)]]) for i in range(6)]
+            time.sleep(0.1)
+            assert server.json("DELETE", "/models/custom-out")[0] == 200
+            results = [f.result(timeout=30) for f in futures]
+        assert results == [(200, {"answer": [[2.0 * i + 1]]}) for i in range(6)], round_
+
+
 def test_listing_under_churn_shows_each_stable_model_exactly_once(server, model_root):
     stable = [f"m{i:02d}" for i in range(0, 12, 2)]
     churning = [f"m{i:02d}" for i in range(1, 12, 2)]
