@@ -208,7 +208,8 @@ async def _invoke(request: web.Request, name: str) -> web.Response:
     except (MMServerError, batching.BatchingError) as error:
         response = _domain_error_response(error)
         if response.status >= 500 and response.status != 503:  # shedding load is routine
-            log.warning("model=%s invoke failed with %d: %s", name, response.status, error)
+            log.warning("model=%s invoke failed with %d: %s", name, response.status, error,
+                        exc_info=error.__cause__)
         else:
             log.debug("model=%s invoke answered %d: %s", name, response.status, error)
     app[METRICS].request_done(name, response.status, time.perf_counter() - started)

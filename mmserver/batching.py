@@ -536,9 +536,25 @@ def _as_model_error(error: BaseException, name: str) -> ModelError:
     if isinstance(error, ModelError):
         return error
     kind = ModelOutOfMemory if _is_out_of_memory(error) else ModelError
-    wrapped = kind(f"model {name!r} failed: {error.__class__.__name__}: {error}")
+    wrapped = kind(f"model {name!r} failed: {error.__class__.__name__}: {_summary(error)}")
     wrapped.__cause__ = error
     return wrapped
+
+
+#: Longest error message handed back to a client; the full one stays in the exception chain.
+MAX_ERROR_MESSAGE_CHARS = 500
+
+
+def _summary(error: BaseException) -> str:
+    """The line that says what went wrong: TorchScript puts it last, under a long trace."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return "(no message)"
+    last = lines[-1]
+    prefix = f"{error.__class__.__name__}: "
+    if last.startswith(prefix):
+        last = last[len(prefix):]
+    return last[:MAX_ERROR_MESSAGE_CHARS]
 
 
 def _parameters_device(model: Any) -> torch.device | None:

@@ -263,6 +263,25 @@ def test_a_failing_request_is_500_and_the_model_keeps_serving(server, model_root
         server.request("DELETE", "/models/failing")
 
 
+def test_a_wrong_input_shape_fails_alone_with_a_short_message(server, model_root, tmp_path):
+    conv_dir = model_root / "conv"
+    if not conv_dir.exists():
+        from conftest import write_torchscript
+        torch.manual_seed(0)
+        write_torchscript(conv_dir, torch.nn.Conv2d(3, 2, 3), torch.ones(1, 3, 8, 8))
+    assert server.load("conv", conv_dir)[0] == 200
+    try:
+        status, body = server.invoke("conv", [[1.0, 2.0, 3.0]])
+        assert_error(status, body, 500, "ModelError")
+        assert "input" in body["message"] and "[1, 3]" in body["message"]
+        assert "\n" not in body["message"] and len(body["message"]) < 600
+        assert "/" not in body["message"].split("failed:")[1]  # no server paths
+        good = np.zeros((1, 3, 8, 8)).tolist()
+        assert server.invoke("conv", good)[0] == 200
+    finally:
+        server.request("DELETE", "/models/conv")
+
+
 def test_unknown_routes_and_methods_answer_json(server):
     assert_error(*server.json("GET", "/nope"), 404)
     assert_error(*server.json("PUT", "/models"), 405)
