@@ -23,11 +23,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import PIL.Image
 import torch
 import torchvision.io
 
 from mmserver.batching import ModelError
-from mmserver.errors import InvalidInput, NotAcceptable, UnsupportedContentType
+from mmserver.errors import InvalidInput, NotAcceptable, PayloadTooLarge, UnsupportedContentType
 
 JSON = "application/json"
 NPY = "application/x-npy"
@@ -37,6 +38,8 @@ PNG = "image/png"
 
 DECODABLE = (JSON, NPY, CSV, JPEG, PNG)
 ENCODABLE = (JSON, NPY, CSV)
+#: Largest image decoded (pixels): 25 MP is 300 MB as float32 RGB, far beyond any model input.
+MAX_IMAGE_PIXELS = 25_000_000
 #: What an absent Content-Type or Accept header means (the SageMaker PyTorch toolkit's default).
 DEFAULT_TYPE = JSON
 
@@ -124,6 +127,16 @@ def _decode_csv(body: bytes) -> torch.Tensor:
 
 
 def _decode_image(body: bytes) -> torch.Tensor:
+    try:  # the header alone: a small PNG can hold gigabytes of pixels (a decompression bomb)
+        with PIL.Image.open(io.BytesIO(body)) as header:
+            width, height = header.size
+    except PIL.Image.DecompressionBombError as error:
+        raise PayloadTooLarge(f"the image has too many pixels: {error}") from None
+    except (PIL.UnidentifiedImageError, OSError, ValueError) as error:
+        raise InvalidInput(f"the body is not a decodable JPEG or PNG image: {error}") from None
+    if width * height > MAX_IMAGE_PIXELS:
+        raise PayloadTooLarge(f"the image is {width}x{height} pixels; at most {MAX_IMAGE_PIXELS} "
+                              "pixels are decoded")
     encoded = torch.frombuffer(bytearray(body), dtype=torch.uint8)
     try:
         image = torchvision.io.decode_image(encoded, mode=torchvision.io.ImageReadMode.RGB)

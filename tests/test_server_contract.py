@@ -233,6 +233,17 @@ def test_images_in(server, model_root):
         server.request("DELETE", "/models/image-affine")
 
 
+def test_an_image_with_too_many_pixels_is_refused_before_decoding(server, affine):
+    bomb = torchvision.io.encode_png(torch.zeros(1, 6000, 6000, dtype=torch.uint8))
+    assert len(bomb) < 1024 * 1024  # small on the wire, 36 megapixels decoded
+    status, _, raw = server.request("POST", f"/models/{affine}/invoke", bytes(bomb.numpy()),
+                                    {"Content-Type": "image/png"})
+    body = json.loads(raw)
+    assert_error(status, body, 413, "PayloadTooLarge")
+    assert "6000x6000" in body["message"]
+    assert server.json("GET", "/ping")[0] == 200
+
+
 def test_oversized_body_is_413_from_content_length(server, affine):
     too_big = 6 * 1024 * 1024 + 1
     status, _, raw = server.request("POST", f"/models/{affine}/invoke", b"[" * too_big,
