@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import time
+from http import HTTPStatus
 
 from aiohttp import hdrs, web
 
@@ -89,7 +90,6 @@ def error_response(status: int, message: str, error_type: str | None = None,
 
 
 def _reason(status: int) -> str:
-    from http import HTTPStatus
     try:
         return HTTPStatus(status).phrase.replace(" ", "")
     except ValueError:

@@ -9,6 +9,7 @@ sends SIGKILL 30 s after SIGTERM).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -61,7 +62,6 @@ def build_parser() -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> Settings:
     base = Settings.from_env()
     batch = base.batch
-    import dataclasses
     changes = {}
     if args.max_batch_size is not None:
         changes["max_batch_size"] = args.max_batch_size
