@@ -76,6 +76,7 @@ __all__ = [
     "Reservation",
     "RunnerClosed",
     "RunnerStats",
+    "summarize_error",
 ]
 
 log = logging.getLogger(__name__)
@@ -536,7 +537,8 @@ def _as_model_error(error: BaseException, name: str) -> ModelError:
     if isinstance(error, ModelError):
         return error
     kind = ModelOutOfMemory if _is_out_of_memory(error) else ModelError
-    wrapped = kind(f"model {name!r} failed: {error.__class__.__name__}: {_summary(error)}")
+    wrapped = kind(
+        f"model {name!r} failed: {error.__class__.__name__}: {summarize_error(error)}")
     wrapped.__cause__ = error
     return wrapped
 
@@ -545,8 +547,11 @@ def _as_model_error(error: BaseException, name: str) -> ModelError:
 MAX_ERROR_MESSAGE_CHARS = 500
 
 
-def _summary(error: BaseException) -> str:
-    """The line that says what went wrong: TorchScript puts it last, under a long trace."""
+def summarize_error(error: BaseException) -> str:
+    """The line of an error's message that says what went wrong, short enough for a client.
+
+    TorchScript puts that line last, under a long trace with the server's file paths.
+    """
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     if not lines:
         return "(no message)"

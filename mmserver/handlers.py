@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from mmserver import codecs
-from mmserver.batching import ModelError
+from mmserver.batching import ModelError, summarize_error
 from mmserver.config import BatchSettings
 from mmserver.errors import (
     InsufficientResources,
@@ -89,11 +89,9 @@ class ModelHandler:
         user = _load_user_code(model_dir, program)
         self.has_user_code = user is not None
         self._model_fn = getattr(user, "model_fn", None)
-        self._input_fn = getattr(user, "input_fn", None)
+        self._input_fn = _accepting_context(getattr(user, "input_fn", None))
         self._predict_fn = getattr(user, "predict_fn", None)
-        self._output_fn = getattr(user, "output_fn", None)
-        self._input_takes_context = _takes_context(self._input_fn)
-        self._output_takes_context = _takes_context(self._output_fn)
+        self._output_fn = _accepting_context(getattr(user, "output_fn", None))
         self.model = self._build_model()
         self.memory_bytes = measured_memory_bytes(self.model)
 
@@ -109,8 +107,9 @@ class ModelHandler:
                 raise InsufficientResources(
                     f"out of memory while loading the model: {error}") from error
             where = "model_fn" if self._model_fn is not None else "loading the model file"
+            summary = summarize_error(error)
             raise InvalidModelArtifact(
-                f"{where} raised {error.__class__.__name__}: {_first_line(error)}") from error
+                f"{where} raised {error.__class__.__name__}: {summary}") from error
 
     @property
     def checks_accept_itself(self) -> bool:
@@ -120,10 +119,7 @@ class ModelHandler:
         if self._input_fn is None:
             return codecs.decode(body, context.content_type)
         try:
-            if self._input_takes_context:
-                data = self._input_fn(body, context.content_type, context=context)
-            else:
-                data = self._input_fn(body, context.content_type)
+            data = self._input_fn(body, context.content_type, context=context)
         except MMServerError:
             raise
         except (ValueError, TypeError) as error:
@@ -146,10 +142,7 @@ class ModelHandler:
         if self._output_fn is None:
             return codecs.encode(rows, context.accept)
         try:
-            if self._output_takes_context:
-                result = self._output_fn(rows, context.accept, context=context)
-            else:
-                result = self._output_fn(rows, context.accept)
+            result = self._output_fn(rows, context.accept, context=context)
         except MMServerError:
             raise
         except ValueError as error:
@@ -245,22 +238,20 @@ def _load_user_code(model_dir: Path, program: str) -> Any:
     except Exception as error:  # noqa: BLE001 - user code can fail in any way
         raise InvalidModelArtifact(
             f"code/{program} failed to import: {error.__class__.__name__}: "
-            f"{_first_line(error)}") from error
+            f"{summarize_error(error)}") from error
     finally:
         if sys.path and sys.path[0] == code_dir:
             sys.path.pop(0)
     return module
 
 
-def _takes_context(function: Callable | None) -> bool:
+def _accepting_context(function: Callable | None) -> Callable | None:
+    """User code may leave out the ``context`` keyword; then it is not passed."""
     if function is None:
-        return False
+        return None
     try:
-        return "context" in inspect.signature(function).parameters
+        if "context" in inspect.signature(function).parameters:
+            return function
     except (TypeError, ValueError):
-        return False
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else "(no message)"
+        pass
+    return lambda *args, context: function(*args)
