@@ -66,6 +66,7 @@ class BatchSettings:
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict[str, object]:
+        """The ``batching`` object of ``GET /models/{name}``."""
         return {
             "maxBatchSize": self.max_batch_size,
             "maxWaitMs": self.max_wait_seconds * 1000.0,

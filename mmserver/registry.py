@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from mmserver.batching import ModelRunner
-from mmserver.config import DEFAULT_MEMORY_BUDGET_SHARE, Settings
+from mmserver.config import DEFAULT_MEMORY_BUDGET_SHARE, BatchSettings, Settings
 from mmserver.errors import (
     InsufficientResources,
     InvalidRequest,
@@ -58,10 +58,11 @@ class ModelEntry:
     url: str
     path: Path
     state: str = "loading"
+    #: Estimated from the files while loading, measured from the model once loaded.
+    memory_bytes: int = 0
     handler: ModelHandler | None = None
     runner: ModelRunner | None = None
-    memory_bytes: int = 0
-    loaded_at: float = 0.0
+    batch: BatchSettings | None = None
     invocations: int = 0
     idle: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
@@ -84,12 +85,7 @@ class ModelEntry:
             described.update({
                 "device": str(self.runner.device),
                 "memoryBytes": self.memory_bytes,
-                "batching": {
-                    "maxBatchSize": self.runner.max_batch_size,
-                    "maxWaitMs": self.runner.max_wait * 1000.0,
-                    "maxQueueSize": self.runner.max_queue_size,
-                    "policy": self.runner.policy,
-                },
+                "batching": self.batch.as_dict(),
                 "stats": {
                     "queueDepth": self.runner.queue_depth,
                     "requestsCompleted": stats.requests_completed,
@@ -152,8 +148,9 @@ class ModelRegistry:
         if name in self._entries:
             state = self._entries[name].state
             raise ModelAlreadyLoaded(f"model {name!r} is already {state}")
-        self._check_capacity(path)
-        entry = ModelEntry(name=name, url=url, path=path)
+        estimate = estimated_memory_bytes(path)
+        self._check_capacity(estimate)
+        entry = ModelEntry(name=name, url=url, path=path, memory_bytes=estimate)
         self._entries[name] = entry
         started = time.perf_counter()
         try:
@@ -172,9 +169,8 @@ class ModelRegistry:
                 raise InsufficientResources(
                     f"out of memory while loading model {name!r}: {error}") from error
             raise
-        entry.handler, entry.runner = handler, runner
-        entry.memory_bytes = handler.memory_bytes or estimated_memory_bytes(path)
-        entry.loaded_at = time.time()
+        entry.handler, entry.runner, entry.batch = handler, runner, batch
+        entry.memory_bytes = handler.memory_bytes or estimate
         entry.state = "ready"
         log.info("model=%s loaded from %s in %.2f s (%d bytes, %s)", name, path,
                  time.perf_counter() - started, entry.memory_bytes, self.device)
@@ -182,12 +178,11 @@ class ModelRegistry:
             self._on_loaded(entry)
         return entry
 
-    def _check_capacity(self, path: Path) -> None:
+    def _check_capacity(self, needed: int) -> None:
         if self.settings.max_models is not None and len(self._entries) >= self.settings.max_models:
             raise InsufficientResources(
                 f"{len(self._entries)} models are loaded or loading, the most allowed "
                 f"(MMSERVER_MAX_MODELS={self.settings.max_models}); unload one first")
-        needed = estimated_memory_bytes(path)
         used = self.memory_used_bytes()
         if used + needed > self.memory_budget_bytes:
             raise InsufficientResources(
@@ -197,21 +192,21 @@ class ModelRegistry:
                 "(MMSERVER_MEMORY_BUDGET_MB); unload a model first")
 
     def memory_used_bytes(self) -> int:
-        return sum(e.memory_bytes or estimated_memory_bytes(e.path)
-                   for e in self._entries.values())
+        return sum(e.memory_bytes for e in self._entries.values())
 
     # -- lookup --------------------------------------------------------------
 
-    def get(self, name: str) -> ModelEntry:
+    def find(self, name: str) -> ModelEntry:
+        """The model in any state, loading and unloading included (to describe it)."""
         entry = self._entries.get(name)
-        if entry is None or entry.state != "ready":
+        if entry is None:
             raise ModelNotFound(f"model {name!r} is not loaded")
         return entry
 
-    def find(self, name: str) -> ModelEntry:
-        """Like get(), but a model still loading or unloading is found too (to describe it)."""
-        entry = self._entries.get(name)
-        if entry is None:
+    def get(self, name: str) -> ModelEntry:
+        """The model, ready to serve."""
+        entry = self.find(name)
+        if entry.state != "ready":
             raise ModelNotFound(f"model {name!r} is not loaded")
         return entry
 
