@@ -59,27 +59,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _given(flags: dict) -> dict:
+    return {k: v for k, v in flags.items() if v is not None}
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
+    """The environment's settings with the flags given on top (an absent flag is None)."""
     base = Settings.from_env()
-    batch = base.batch
-    changes = {}
-    if args.max_batch_size is not None:
-        changes["max_batch_size"] = args.max_batch_size
-    if args.max_wait_ms is not None:
-        changes["max_wait_seconds"] = args.max_wait_ms / 1000.0
-    if args.max_queue_size is not None:
-        changes["max_queue_size"] = args.max_queue_size
-    if args.policy is not None:
-        changes["policy"] = args.policy
-    return dataclasses.replace(
-        base,
-        host=args.host or base.host,
-        port=args.port if args.port is not None else base.port,
-        model_roots=tuple(args.model_roots) if args.model_roots else base.model_roots,
-        preload=base.preload + tuple(args.preload),
-        batch=dataclasses.replace(batch, **changes),
-        access_log=base.access_log and not args.no_access_log,
-    )
+    batch = dataclasses.replace(base.batch, **_given({
+        "max_batch_size": args.max_batch_size,
+        "max_wait_seconds": None if args.max_wait_ms is None else args.max_wait_ms / 1000.0,
+        "max_queue_size": args.max_queue_size,
+        "policy": args.policy,
+    }))
+    return dataclasses.replace(base, batch=batch, preload=tuple(args.preload), **_given({
+        "host": args.host,
+        "port": args.port,
+        "model_roots": tuple(args.model_roots) if args.model_roots else None,
+        "access_log": False if args.no_access_log else None,
+    }))
 
 
 def serve(args: argparse.Namespace) -> None:

@@ -97,8 +97,8 @@ class Settings:
     shutdown_timeout_seconds: float = 25.0
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> Settings:
-        """Read the variables of DESIGN.md section 7; ``overrides`` win (None = unset)."""
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read the variables of DESIGN.md section 7 (flags go on top in ``cli``)."""
         env = os.environ if environ is None else environ
         batch = BatchSettings(
             max_batch_size=_int(env, "MMSERVER_MAX_BATCH_SIZE", BatchSettings.max_batch_size),
@@ -110,7 +110,7 @@ class Settings:
         roots = env.get("MMSERVER_MODEL_ROOTS")
         budget_mb = env.get("MMSERVER_MEMORY_BUDGET_MB")
         max_models = env.get("MMSERVER_MAX_MODELS")
-        values = dict(
+        return cls(
             host=env.get("MMSERVER_HOST", cls.host),
             port=_int(env, "SAGEMAKER_BIND_TO_PORT", DEFAULT_PORT),
             multi_model=env.get("SAGEMAKER_MULTI_MODEL", "true").strip().lower()
@@ -130,8 +130,6 @@ class Settings:
             access_log=env.get("MMSERVER_ACCESS_LOG", "1").strip().lower()
             not in ("0", "false", "no"),
         )
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:

@@ -53,19 +53,26 @@ def available_memory_bytes() -> int:
     return host if headroom is None else min(host, headroom)
 
 
+def _cgroup_cpu_quota() -> float | None:
+    """CPUs' worth of time per period the cgroup allows (v2, then v1), or None when unlimited."""
+    v2 = _read(CGROUP / "cpu.max")
+    if v2:
+        limit, period = v2.split()
+    else:
+        limit = _read(CGROUP / "cpu/cpu.cfs_quota_us")
+        period = _read(CGROUP / "cpu/cpu.cfs_period_us")
+    if not limit or not period or limit == "max" or int(limit) <= 0:  # v1 writes -1
+        return None
+    return int(limit) / int(period)
+
+
 def usable_cpus() -> int:
     """CPUs this process may run on: its affinity, capped by a cgroup CPU quota."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:
         cpus = os.cpu_count() or 1
-    quota = _read(CGROUP / "cpu.max")
-    if quota:
-        limit, period = quota.split()
-        if limit != "max":
-            cpus = min(cpus, max(1, math.ceil(int(limit) / int(period))))
-    else:
-        limit, period = _read(CGROUP / "cpu/cpu.cfs_quota_us"), _read(CGROUP / "cpu/cpu.cfs_period_us")
-        if limit and period and int(limit) > 0:
-            cpus = min(cpus, max(1, math.ceil(int(limit) / int(period))))
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        cpus = min(cpus, math.ceil(quota))
     return max(1, cpus)
