@@ -188,6 +188,22 @@ async def _aiohttp_loop(url, body, content_type, connections, seconds) -> dict[s
             "socket_errors": ""}
 
 
+def saturate_model(base: str, name: str, body: bytes, content_type: str, *, connections: int,
+                   seconds: float, warmup_seconds: float) -> tuple[dict[str, float], float]:
+    """Warm up, then saturate one model of a running mmserver.
+
+    Returns the load generator's result and the mean rows per batch the server formed
+    in the measured window (from /metrics, read before and after).
+    """
+    url = f"{base}/models/{name}/invoke"
+    closed_loop(url, body, content_type, connections=connections, seconds=warmup_seconds)
+    before = scrape_histogram(base, "mmserver_batch_size_rows", name)
+    result = closed_loop(url, body, content_type, connections=connections, seconds=seconds)
+    after = scrape_histogram(base, "mmserver_batch_size_rows", name)
+    batches = after[1] - before[1]
+    return result, (after[0] - before[0]) / batches if batches else 0.0
+
+
 def scrape_histogram(base: str, metric: str, model: str) -> tuple[float, float]:
     """(sum, count) of one model's histogram from /metrics; subtract two to get a window."""
     with urllib.request.urlopen(base + "/metrics") as response:

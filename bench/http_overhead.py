@@ -77,15 +77,9 @@ def main() -> None:
                                        connections=args.connections, seconds=args.seconds)
         with harness.mmserver(root, {"noop": root / "noop"}, "--max-batch-size", "32",
                               "--max-wait-ms", "0") as base:
-            url = f"{base}/models/noop/invoke"
-            harness.closed_loop(url, BODY, "application/json", connections=args.connections,
-                                seconds=1)
-            before = harness.scrape_histogram(base, "mmserver_batch_size_rows", "noop")
-            ours = harness.closed_loop(url, BODY, "application/json",
-                                       connections=args.connections, seconds=args.seconds)
-            after = harness.scrape_histogram(base, "mmserver_batch_size_rows", "noop")
-    batches = after[1] - before[1]
-    mean_batch = (after[0] - before[0]) / batches if batches else 0.0
+            ours, mean_batch = harness.saturate_model(
+                base, "noop", BODY, "application/json", connections=args.connections,
+                seconds=args.seconds, warmup_seconds=1)
     for label, result in (("bare aiohttp handler", bare), ("mmserver, no-op model", ours)):
         print(f"{label:24s} {result['rps']:8.0f} requests/s  non-2xx={result['non_2xx']} "
               f"{result['socket_errors']}")

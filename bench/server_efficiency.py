@@ -70,17 +70,12 @@ def serve_and_load(root: Path, name: str, args) -> tuple[float, float]:
     body = npy_body()
     with harness.mmserver(root, {name: root / name}, "--max-batch-size", str(args.max_batch_size),
                           "--max-wait-ms", "0") as base:
-        url = f"{base}/models/{name}/invoke"
-        harness.closed_loop(url, body, "application/x-npy", connections=args.connections,
-                            seconds=2)
-        before = harness.scrape_histogram(base, "mmserver_batch_size_rows", name)
-        result = harness.closed_loop(url, body, "application/x-npy",
-                                     connections=args.connections, seconds=args.seconds)
-        after = harness.scrape_histogram(base, "mmserver_batch_size_rows", name)
+        result, mean_batch = harness.saturate_model(
+            base, name, body, "application/x-npy", connections=args.connections,
+            seconds=args.seconds, warmup_seconds=2)
     if result["non_2xx"]:
         raise SystemExit(f"{name}: {result['non_2xx']} requests failed")
-    batches = after[1] - before[1]
-    return result["rps"], (after[0] - before[0]) / batches if batches else 0.0
+    return result["rps"], mean_batch
 
 
 def main() -> None:
