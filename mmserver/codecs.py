@@ -158,7 +158,7 @@ def negotiate(accept: str | None, offered: tuple[str, ...] = ENCODABLE) -> str:
     if not accept or accept == "*/*" or not accept.strip():
         return DEFAULT_TYPE
     best, best_q = None, 0.0
-    for position, part in enumerate(accept.split(",")):
+    for part in accept.split(","):
         pieces = [p.strip() for p in part.split(";")]
         kind = pieces[0].lower()
         q = 1.0
