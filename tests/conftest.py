@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import http.client
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import textwrap
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+
+from mmserver.testing import ServerProcess, free_port  # noqa: F401 (tests import it from here)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -158,93 +151,17 @@ def model_root(tmp_path_factory) -> Path:
 # -- a real server process on a free port --------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """``python -m mmserver serve`` in a subprocess, and a small HTTP client for it."""
+class Server(ServerProcess):
+    """A started :class:`mmserver.testing.ServerProcess`, run from the repository root."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None):
-        self.port = free_port()
-        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"mmserver-test-{self.port}.log"
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self._log = open(self.log_path, "w")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "mmserver", "serve", "--port", str(self.port), *args],
-            stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
-        self.wait_ready()
-
-    def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.log()}")
-            with contextlib.suppress(OSError):
-                if self.request("GET", "/ping", timeout=1)[0] == 200:
-                    return
-            time.sleep(0.1)
-        raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def request(self, method: str, path: str, body: bytes | str | None = None,
-                headers: dict[str, str] | None = None,
-                timeout: float = 60) -> tuple[int, dict[str, str], bytes]:
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            if isinstance(body, str):
-                body = body.encode()
-            connection.request(method, path, body=body, headers=headers or {})
-            response = connection.getresponse()
-            return response.status, dict(response.getheaders()), response.read()
-        finally:
-            connection.close()
-
-    def json(self, method: str, path: str, payload=None, headers=None,
-             timeout: float = 60) -> tuple[int, object]:
-        body = None if payload is None else json.dumps(payload)
-        all_headers = {"Content-Type": "application/json", **(headers or {})}
-        status, _, raw = self.request(method, path, body, all_headers, timeout)
-        return status, json.loads(raw) if raw else None
-
-    def load(self, name: str, url: str | Path) -> tuple[int, object]:
-        return self.json("POST", "/models", {"model_name": name, "url": str(url)})
-
-    def invoke(self, name: str, rows, headers=None, timeout: float = 60) -> tuple[int, object]:
-        return self.json("POST", f"/models/{name}/invoke", rows, headers, timeout)
-
-    def metric(self, name: str, **labels: str) -> float:
-        _, _, raw = self.request("GET", "/metrics")
-        wanted = name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
-                         if labels else "")
-        for line in raw.decode().splitlines():
-            if line.startswith(wanted + " "):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
-        return self.process.returncode
+        super().__init__(args, env=env, cwd=ROOT)
+        self.start(timeout=60)
 
 
-@contextlib.contextmanager
-def running_server(args: list[str], env: dict[str, str] | None = None) -> Iterator[Server]:
-    server = Server(args, env)
-    try:
-        yield server
-    finally:
-        server.stop()
+def running_server(args: list[str], env: dict[str, str] | None = None) -> Server:
+    """A started server for a ``with`` block, which stops it (SIGTERM) at the end."""
+    return Server(args, env)
 
 
 @pytest.fixture(scope="module")
