@@ -44,28 +44,24 @@ import gevent
 from locust import FastHttpUser, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
+from loadtests._names import (
+    DEFAULT_EXAMPLES_DIR,
+    EXAMPLES_ENV,
+    invoke_name,
+    shed_name,
+    unloaded_name,
+)
 from loadtests._payload import PAYLOADS, payload
 
 log = logging.getLogger("loadtests")
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_HOST = "http://127.0.0.1:8080"
-#: ``make serve`` writes the examples here; MMSERVER_EXAMPLES_DIR or --mm-examples-dir overrides.
-DEFAULT_EXAMPLES_DIR = REPO_ROOT / "build" / "examples"
-EXAMPLES_ENV = "MMSERVER_EXAMPLES_DIR"
-
-SHED_SUFFIX = " (shed 503)"
-UNLOADED_SUFFIX = " (model unloaded)"
 #: The error types mmserver answers a 404 with when the model is not (or no longer) there.
 UNLOADED_TYPES = {"ModelNotFound", "RunnerClosed"}
 
 #: Loading resnet18 takes about a second on a CPU; allow a slow, busy machine.
 MANAGE_TIMEOUT_S = 120.0
 OWNED_MESSAGE = "mmserver_loadtests_owned"
-
-
-def invoke_name(model: str) -> str:
-    return f"invoke {model}"
 
 
 # -- command-line options (also in the web UI; locust copies them to workers) ----------
@@ -254,48 +250,50 @@ def _unload_owned(environment) -> None:
 # -- the users -----------------------------------------------------------------------------
 
 
+def think_time(user) -> float:
+    """Closed loop: pause ``--mm-think-ms`` after each answer (a locust ``wait_time``)."""
+    return max(0.0, float(option(user.environment, "mm_think_ms", 100.0))) / 1000.0
+
+
+def poisson_arrivals(rate_per_second):
+    """A locust ``wait_time`` for open-loop users, as ``constant_pacing`` is for paced ones.
+
+    Requests leave at the times of a Poisson process of ``rate_per_second`` (a number, or
+    a function of the user), measured from the schedule rather than from the last
+    answer, so a slow answer does not lower the rate. A user that falls more than a
+    second behind (its answers took longer than the gaps) says so once and sends at once.
+    """
+    def rate(user) -> float:
+        return rate_per_second(user) if callable(rate_per_second) else rate_per_second
+
+    def wait_time(user) -> float:
+        now = time.monotonic()
+        next_at = getattr(user, "_poisson_next_at", None) or now
+        next_at += random.expovariate(rate(user))
+        if next_at < now - 1.0 and not getattr(user, "_poisson_behind_logged", False):
+            user._poisson_behind_logged = True
+            log.warning("%s is more than 1 s behind its open-loop schedule: the run offers "
+                        "less than --mm-target-rps; add users (-u)", type(user).__name__)
+        user._poisson_next_at = max(next_at, now)
+        return user._poisson_next_at - now
+
+    return wait_time
+
+
 class InvokeUser(FastHttpUser):
     """Invokes a model, classifying the answers (see the module docstring).
 
-    Closed loop by default: ``--mm-think-ms`` after each answer. A class with
-    ``open_loop = True`` keeps an arrival schedule instead: requests leave at
-    Poisson times of rate ``--mm-target-rps / -u`` per user (so the run offers
-    ``--mm-target-rps`` in all), whether or not earlier answers were slow. A
-    user is one connection, so it can only be open loop while it is idle: give
-    ``-u`` at least the target rate times the worst latency (or the server's
-    queue length when it is overloaded); a user that falls behind sends at once.
+    Closed loop by default (``wait_time = think_time``); open-loop classes set
+    ``wait_time = poisson_arrivals(...)``.
     """
 
     abstract = True
     host = DEFAULT_HOST
     #: 503 counts as shed load under its own name instead of as a failure
     shed_ok = False
-    open_loop = False
+    wait_time = think_time
     #: requests per second of the whole run when --mm-target-rps is not given (open loop)
     default_target_rps = 20.0
-
-    def on_start(self):
-        self._next_at: float | None = None
-        self._behind_logged = False
-        if self.open_loop:
-            # The first arrival, too, comes after an exponential gap: users start within
-            # locust's ramp and their superposition is a Poisson stream from the start,
-            # with no burst of first requests.
-            self._next_at = time.monotonic() + random.expovariate(self.per_user_rate())
-            gevent.sleep(max(0.0, self._next_at - time.monotonic()))
-
-    # -- pacing --
-    def wait_time(self) -> float:
-        if not self.open_loop:
-            return max(0.0, float(option(self.environment, "mm_think_ms", 100.0))) / 1000.0
-        now = time.monotonic()
-        self._next_at = (self._next_at or now) + random.expovariate(self.per_user_rate())
-        if self._next_at < now - 1.0 and not self._behind_logged:
-            self._behind_logged = True
-            log.warning("%s is more than 1 s behind its open-loop schedule: the run offers "
-                        "less than --mm-target-rps; add users (-u)", type(self).__name__)
-        self._next_at = max(self._next_at, now)
-        return self._next_at - now
 
     def per_user_rate(self) -> float:
         target = float(option(self.environment, "mm_target_rps", 0.0) or 0.0)
@@ -314,10 +312,10 @@ class InvokeUser(FastHttpUser):
                 if not (response.content or b"").startswith((b"[", b"{")):
                     response.failure(f"200 without a JSON body: {response.content[:80]!r}")
             elif status == 503 and self.shed_ok:
-                response.request_meta["name"] = name + SHED_SUFFIX
+                response.request_meta["name"] = shed_name(label or model)
                 response.success()
             elif status == 404 and churned and _error_type(response) in UNLOADED_TYPES:
-                response.request_meta["name"] = name + UNLOADED_SUFFIX
+                response.request_meta["name"] = unloaded_name(label or model)
                 response.success()
             else:
                 response.failure(f"HTTP {status}: {(response.content or b'')[:200]!r}")
@@ -349,3 +347,23 @@ class OneModelUser(InvokeUser):
     def invoke_model(self):
         model = self.environment.parsed_options.mm_model
         self.invoke(model, model)
+
+
+class OpenLoopModelUser(OneModelUser):
+    """Open loop on ``--mm-model``: Poisson arrivals at ``--mm-target-rps / -u`` per user,
+    so the run offers ``--mm-target-rps`` in all whatever the latency; 503s are shed.
+
+    A user is one connection, so it can only keep its schedule while it is idle: give
+    ``-u`` at least the target rate times the worst latency (or the server's queue
+    length when it is overloaded).
+    """
+
+    abstract = True
+    shed_ok = True
+    wait_time = poisson_arrivals(lambda user: user.per_user_rate())
+
+    def on_start(self):
+        # The first arrival, too, comes after an exponential gap: users start within
+        # locust's ramp and their superposition is a Poisson stream from the start,
+        # with no burst of first requests.
+        gevent.sleep(self.wait_time())

@@ -23,16 +23,12 @@ popular model, which is never churned, is a failure.
 """
 
 import random
-import sys
-from pathlib import Path
 
-if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run from any directory
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import _repo_path  # noqa: F401 (before any loadtests import)
+import gevent
+from locust import task
 
-import gevent  # noqa: E402
-from locust import task  # noqa: E402
-
-from loadtests._common import STATE, InvokeUser, example_url, zipf_weights  # noqa: E402
+from loadtests._common import STATE, InvokeUser, example_url, zipf_weights
 
 
 def model_names(options) -> list[str]:

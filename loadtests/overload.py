@@ -14,18 +14,11 @@ the server's default queue of 256, use ``-u 400`` or more.
     locust -f loadtests --headless -u 400 -r 100 -t 30s OverloadUser
 """
 
-import sys
-from pathlib import Path
+import _repo_path  # noqa: F401 (before any loadtests import)
 
-if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run from any directory
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from loadtests._common import OpenLoopModelUser
 
 
-from loadtests._common import OneModelUser  # noqa: E402
-
-
-class OverloadUser(OneModelUser):
-    open_loop = True
-    shed_ok = True
+class OverloadUser(OpenLoopModelUser):
     default_target_rps = 500.0
 

@@ -33,15 +33,11 @@ run (``-f loadtests/spike.py``). In the web UI, start locust with
 """
 
 import os
-import sys
-from pathlib import Path
 
-if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run from any directory
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import _repo_path  # noqa: F401 (before any loadtests import)
+from locust import LoadTestShape, events
 
-from locust import LoadTestShape, events  # noqa: E402
-
-from loadtests._common import OneModelUser, log  # noqa: E402
+from loadtests._common import OneModelUser, log
 
 
 @events.init_command_line_parser.add_listener

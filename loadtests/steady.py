@@ -17,21 +17,16 @@ Both invoke ``--mm-model`` (default ``resnet18``, sent as one-row .npy).
     locust -f loadtests --headless -u 100 -r 100 -t 30s --mm-target-rps 80 OpenLoopUser
 """
 
-import sys
-from pathlib import Path
+import _repo_path  # noqa: F401 (before any loadtests import)
 
-if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run from any directory
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-from loadtests._common import OneModelUser  # noqa: E402
+from loadtests._common import OneModelUser, OpenLoopModelUser
 
 
 class SteadyUser(OneModelUser):
     """Closed loop: one row, wait for the answer, think, again."""
 
 
-class OpenLoopUser(SteadyUser):
-    open_loop = True
-    shed_ok = True
+class OpenLoopUser(OpenLoopModelUser):
+    """Poisson arrivals at --mm-target-rps (20) in all; 503s are shed load."""
+
     default_target_rps = 20.0

@@ -38,17 +38,13 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import http.client
 import importlib.metadata
 import itertools
 import json
 import math
 import os
 import platform
-import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -56,10 +52,14 @@ import threading
 import time
 from pathlib import Path
 
+from mmserver.testing import ServerProcess, histogram, sample_value, taskset_prefix
+
+# loadtests.* is imported inside functions: locust also reads this file as a locustfile,
+# on its own, from wherever it runs, where the package may not be importable.
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOCUSTFILE = REPO_ROOT / "loadtests" / "steady.py"
 USER_CLASS = "OpenLoopUser"
-EXAMPLES_ENV = "MMSERVER_EXAMPLES_DIR"
 
 COLUMNS = [
     "policy", "max_batch_size", "max_wait_ms", "max_queue_size", "offered_rps", "users",
@@ -108,6 +108,8 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from loadtests._names import DEFAULT_EXAMPLES_DIR, EXAMPLES_ENV
+
     p = argparse.ArgumentParser(prog="python -m loadtests.sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="the small CI grid (about a minute)")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "build" / "sweep",
@@ -126,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-users", type=int, default=600)
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of warm-up per server")
     p.add_argument("--examples-dir", type=Path,
-                   default=Path(os.environ.get(EXAMPLES_ENV, REPO_ROOT / "build" / "examples")),
+                   default=Path(os.environ.get(EXAMPLES_ENV, DEFAULT_EXAMPLES_DIR)),
                    help="where resnet18/model is (written there if missing)")
     p.add_argument("--model", default="resnet18", choices=("resnet18",),
                    help="the example model to sweep")
@@ -141,25 +143,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pinned(cpus: str, command: list[str]) -> tuple[list[str], str]:
-    """``taskset -c cpus command`` where taskset exists and the CPUs are ours; else as is."""
-    if not cpus or shutil.which("taskset") is None or not hasattr(os, "sched_getaffinity"):
-        return command, ""
-    wanted = set()
-    for part in cpus.split(","):
-        lo, _, hi = part.partition("-")
-        wanted.update(range(int(lo), int(hi or lo) + 1))
-    if not wanted or not wanted <= os.sched_getaffinity(0) or len(os.sched_getaffinity(0)) < 2:
-        return command, ""
-    return ["taskset", "-c", cpus, *command], cpus
 
 
 def cpu_model() -> str:
@@ -179,64 +162,21 @@ def torch_version() -> str:
         return ""
 
 
-def request(port: int, method: str, path: str, body: bytes | None = None,
-            headers: dict | None = None, timeout: float = 30) -> tuple[int, bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        connection.request(method, path, body=body, headers=headers or {})
-        response = connection.getresponse()
-        return response.status, response.read()
-    finally:
-        connection.close()
-
-
-_SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def parse_metrics(text: str, model: str) -> dict[tuple[str, tuple], float]:
-    """Samples of one model from Prometheus text: {(name, ((label, value), ...)): value}."""
-    samples = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        labels = dict(_LABEL.findall(match["labels"] or ""))
-        if labels.pop("model", None) != model:
-            continue
-        samples[(match["name"], tuple(sorted(labels.items())))] = float(match["value"])
-    return samples
-
-
-def scrape(port: int, model: str) -> dict:
-    status, raw = request(port, "GET", "/metrics")
-    if status != 200:
-        raise RuntimeError(f"GET /metrics answered {status}")
-    return parse_metrics(raw.decode(), model)
-
-
-def metric(samples: dict, name: str, **labels) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-def server_view(before: dict, after: dict) -> dict:
-    """The server's own means over a run, from histogram deltas."""
+def server_view(before, after, model: str) -> dict:
+    """The server's own means over a run, from deltas of two scrapes of /metrics."""
     def delta(name, **labels):
-        return metric(after, name, **labels) - metric(before, name, **labels)
+        return (sample_value(after, name, model=model, **labels)
+                - sample_value(before, name, model=model, **labels))
 
     def mean(base, scale=1.0):
         count = delta(base + "_count")
         return round(delta(base + "_sum") / count * scale, 3) if count else float("nan")
 
-    bounds = sorted({dict(k[1]).get("le") for k in after if k[0] == "mmserver_batch_size_rows_bucket"},
-                    key=lambda le: math.inf if le == "+Inf" else float(le))
+    buckets_before = histogram(before, "mmserver_batch_size_rows", model=model)[0]
     hist, previous = {}, 0.0
-    for le in bounds:
-        cumulative = delta("mmserver_batch_size_rows_bucket", le=le)
-        label = "+Inf" if le == "+Inf" else f"{float(le):g}"
-        hist[label] = int(round(cumulative - previous))
+    for bound, cumulative in histogram(after, "mmserver_batch_size_rows", model=model)[0].items():
+        cumulative -= buckets_before.get(bound, 0.0)
+        hist["+Inf" if math.isinf(bound) else f"{bound:g}"] = int(round(cumulative - previous))
         previous = cumulative
     return {
         "mean_batch_size": mean("mmserver_batch_size_rows"),
@@ -266,10 +206,11 @@ def percentile(response_times: dict, q: float) -> float:
 
 def client_view(stats: list[dict], model: str) -> dict:
     """Locust's --json-file stats -> throughput, latency of the 200s, failures, shed."""
-    ok_name, shed_name = f"invoke {model}", f"invoke {model} (shed 503)"
+    from loadtests._names import invoke_name, shed_name
+
     entries = {e["name"]: e for e in stats}
-    ok = entries.get(ok_name, {})
-    shed = entries.get(shed_name, {})
+    ok = entries.get(invoke_name(model), {})
+    shed = entries.get(shed_name(model), {})
     failures = sum(int(e.get("num_failures", 0)) for e in stats)
     answered = int(ok.get("num_requests", 0)) - int(ok.get("num_failures", 0))
     starts = [e["start_time"] for e in (ok, shed) if e.get("start_time")]
@@ -295,92 +236,71 @@ def client_view(stats: list[dict], model: str) -> dict:
 # -- the server ------------------------------------------------------------------------------
 
 
-class SweepServer:
-    def __init__(self, args, model_root: Path, policy: str, size: int, wait_ms: float, log_path: Path):
-        self.port = free_port()
-        self.model = args.model
-        command = [sys.executable, "-m", "mmserver", "serve", "--host", "127.0.0.1",
-                   "--port", str(self.port), "--model-root", str(model_root),
-                   "--preload", f"{args.model}={model_root / args.model / 'model'}",
-                   "--max-batch-size", str(size), "--max-wait-ms", f"{wait_ms:g}",
-                   "--max-queue-size", str(args.max_queue_size), "--policy", policy,
-                   "--no-access-log", "--log-level", "WARNING"]
-        command, self.cpus = pinned(args.server_cpus, command)
-        self._log = open(log_path, "w")
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
-                                        cwd=REPO_ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self._wait_ready(log_path)
-        status, raw = request(self.port, "GET", f"/models/{self.model}")
-        self.describe = json.loads(raw)
-        batching = self.describe.get("batching", {})
-        expected = {"maxBatchSize": size, "maxWaitMs": float(wait_ms), "policy": policy,
-                    "maxQueueSize": args.max_queue_size}
-        if any(batching.get(k) != v for k, v in expected.items()):
-            self.stop()
-            raise RuntimeError(f"the server runs {batching}, not {expected}: does the model "
-                               "directory hold an mmserver.json that overrides the flags?")
+def start_server(args, model_root: Path, policy: str, size: int, wait_ms: float,
+                 log_path: Path) -> tuple[ServerProcess, dict]:
+    """A server for one batching setting with the model preloaded, and its description
+    (``GET /models/{model}``), after checking it runs the setting asked for."""
+    server = ServerProcess(
+        ["--model-root", str(model_root),
+         "--preload", f"{args.model}={model_root / args.model / 'model'}",
+         "--max-batch-size", str(size), "--max-wait-ms", f"{wait_ms:g}",
+         "--max-queue-size", str(args.max_queue_size), "--policy", policy,
+         "--no-access-log", "--log-level", "WARNING"],
+        cpus=args.server_cpus, log_path=log_path, cwd=REPO_ROOT).start()
+    status, description = server.json("GET", f"/models/{args.model}")
+    batching = description.get("batching", {}) if status == 200 else {}
+    expected = {"maxBatchSize": size, "maxWaitMs": float(wait_ms), "policy": policy,
+                "maxQueueSize": args.max_queue_size}
+    if any(batching.get(k) != v for k, v in expected.items()):
+        server.stop()
+        raise RuntimeError(f"the server runs {batching}, not {expected}: does the model "
+                           "directory hold an mmserver.json that overrides the flags?")
+    return server, description
 
-    def _wait_ready(self, log_path: Path, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
+
+def warm_up(server: ServerProcess, model: str, body: bytes, seconds: float,
+            concurrency: int) -> None:
+    """Concurrent requests so the model has run every batch size before we measure."""
+    deadline = time.monotonic() + seconds
+    headers = {"Content-Type": "application/x-npy"}
+
+    def client():
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited:\n{log_path.read_text()[-3000:]}")
             try:
-                if request(self.port, "GET", f"/models/{self.model}", timeout=2)[0] == 200:
-                    return
+                server.request("POST", f"/models/{model}/invoke", body, headers)
             except OSError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise TimeoutError(f"the server was not ready in {timeout} s:\n{log_path.read_text()[-3000:]}")
+                time.sleep(0.05)
 
-    def warm_up(self, body: bytes, seconds: float, concurrency: int) -> None:
-        """Concurrent requests so the model has run every batch size before we measure."""
-        deadline = time.monotonic() + seconds
-        headers = {"Content-Type": "application/x-npy"}
-
-        def client():
-            while time.monotonic() < deadline:
-                try:
-                    request(self.port, "POST", f"/models/{self.model}/invoke", body, headers)
-                except OSError:
-                    time.sleep(0.05)
-
-        threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(seconds + 60)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 60)
 
 
 # -- one point ---------------------------------------------------------------------------------
 
 
-def run_point(args, server: SweepServer, model_root: Path, load: float, prefix: Path) -> dict:
+def run_point(args, server: ServerProcess, model_root: Path, load: float, prefix: Path) -> dict:
     users = max(args.min_users, min(args.max_users, math.ceil(load * args.users_per_rps)))
     ramp_s = 1.0  # -r users: all users start within a second
     command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
                "-u", str(users), "-r", str(users), "-t", f"{args.duration + ramp_s:g}s",
                "--reset-stats", "--only-summary", "--loglevel", "WARNING",
-               "--host", f"http://127.0.0.1:{server.port}", "--csv", str(prefix),
+               "--host", server.url, "--csv", str(prefix),
                "--json-file", str(prefix), "--mm-examples-dir", str(model_root),
                "--mm-model", args.model, "--mm-target-rps", f"{load:g}"]
     if args.locust_processes:
         command += ["--processes", str(args.locust_processes)]
     command.append(USER_CLASS)
-    command, locust_cpus = pinned(args.locust_cpus, command)
-    first = scrape(server.port, server.model)
-    base_count = metric(first, "mmserver_request_latency_seconds_count")
+    pinning = taskset_prefix(args.locust_cpus)
+    command, locust_cpus = [*pinning, *command], args.locust_cpus if pinning else ""
+
+    def answered(families) -> float:
+        return sample_value(families, "mmserver_request_latency_seconds_count", model=args.model)
+
+    first = server.metrics()
+    base_count = answered(first)
     log_path = prefix.with_name(prefix.name + "_locust.log")
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
@@ -390,10 +310,9 @@ def run_point(args, server: SweepServer, model_root: Path, load: float, prefix: 
             before = first
             deadline = time.monotonic() + 60
             while process.poll() is None and time.monotonic() < deadline:
-                now = scrape(server.port, server.model)
-                if metric(now, "mmserver_request_latency_seconds_count") > base_count:
+                if answered(server.metrics()) > base_count:
                     time.sleep(ramp_s + 0.5)
-                    before = scrape(server.port, server.model)
+                    before = server.metrics()
                     break
                 time.sleep(0.1)
             process.wait(timeout=args.duration + 180)
@@ -401,7 +320,7 @@ def run_point(args, server: SweepServer, model_root: Path, load: float, prefix: 
             process.kill()
             process.wait()
             raise
-    after = scrape(server.port, server.model)
+    after = server.metrics()
     json_path = Path(str(prefix) + ".json")
     if process.returncode not in (0, 1) or not json_path.exists():
         raise RuntimeError(f"locust exited {process.returncode}; see {log_path}:\n"
@@ -409,7 +328,7 @@ def run_point(args, server: SweepServer, model_root: Path, load: float, prefix: 
     row = {"users": users, "duration_s": args.duration, "locust_cpus": locust_cpus,
            "locust_processes": args.locust_processes}
     row.update(client_view(json.loads(json_path.read_text()), args.model))
-    view = server_view(before, after)
+    view = server_view(before, after, args.model)
     row.update({k: v for k, v in view.items() if k in COLUMNS})
     return row
 
@@ -485,15 +404,17 @@ def main(argv: list[str] | None = None) -> int:
         for setting, group in itertools.groupby(todo, key=lambda p: p[0]):
             policy, size, wait = setting
             tag = f"{policy}-b{size}-w{wait:g}"
-            server = SweepServer(args, model_root, policy, size, wait, raw / f"{tag}_server.log")
+            server, description = start_server(args, model_root, policy, size, wait,
+                                               raw / f"{tag}_server.log")
             try:
-                server.warm_up(body, args.warmup, concurrency=max(4, min(64, 2 * size)))
+                warm_up(server, args.model, body, args.warmup,
+                        concurrency=max(4, min(64, 2 * size)))
                 for _, load in group:
                     prefix = raw / f"{tag}-r{load:g}"
                     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
                     row = {**common, "policy": policy, "max_batch_size": size,
                            "max_wait_ms": wait, "offered_rps": load, "started_at": stamp,
-                           "device": server.describe.get("device", ""),
+                           "device": description.get("device", ""),
                            "server_cpus": server.cpus,
                            "locust_csv": str(prefix.relative_to(out))}
                     row.update(run_point(args, server, model_root, load, prefix))
