@@ -11,7 +11,7 @@ It needs only the standard library and ``prometheus_client`` (a dependency of
 the server): no pytest, no locust, no gevent, so the sweep can import it
 without pulling in locust's monkey-patching.
 
-    with ServerProcess(["--model-root", "build/examples"]) as server:
+    with ServerProcess(["--model-root", "build/examples"]) as server:   # or RunningServer(url)
         server.load("tabular", "tabular/model")
         status, rows = server.invoke("tabular", [[0.5] * 16])
         server.metric("mmserver_requests_total", model="tabular", status="200")
@@ -115,10 +115,12 @@ def scrape_metrics(base_url: str) -> dict[str, Metric]:
     A counter's family name has no ``_total`` (``mmserver_requests``); its sample does
     (``mmserver_requests_total``), which is what :func:`sample_value` looks for.
     """
-    status, _, raw = http_request(base_url, "GET", "/metrics")
-    if status != 200:
-        raise RuntimeError(f"GET {base_url}/metrics answered {status}")
-    return {family.name: family for family in text_string_to_metric_families(raw.decode())}
+    return RunningServer(base_url).metrics()
+
+
+def parse_metrics(text: str) -> dict[str, Metric]:
+    """Prometheus text format, parsed by prometheus_client, keyed by family name."""
+    return {family.name: family for family in text_string_to_metric_families(text)}
 
 
 def sample_value(families: Families, sample_name: str, **labels: str) -> float:
@@ -154,7 +156,60 @@ def histogram(families: Families, name: str,
             sample_value(families, name + "_count", **labels))
 
 
-class ServerProcess:
+class ModelServerClient:
+    """The requests a test or a notebook makes to mmserver, over any transport.
+
+    Subclasses say how one request travels (:meth:`request`); everything else is built
+    on it, so a subprocess server and an in-process test client answer the same calls.
+    """
+
+    def request(self, method: str, path: str, body: bytes | str | None = None,
+                headers: Mapping[str, str] | None = None,
+                timeout: float = 60) -> tuple[int, dict[str, str], bytes]:
+        """(status, headers, body) of one request."""
+        raise NotImplementedError
+
+    def json(self, method: str, path: str, payload=None, headers=None,
+             timeout: float = 60) -> tuple[int, object]:
+        """A JSON request (``payload`` None sends no body); the answer decoded, or None."""
+        body = None if payload is None else json.dumps(payload)
+        all_headers = {"Content-Type": "application/json", **(headers or {})}
+        status, _, raw = self.request(method, path, body, all_headers, timeout)
+        return status, json.loads(raw) if raw else None
+
+    def load(self, name: str, url: str | Path) -> tuple[int, object]:
+        return self.json("POST", "/models", {"model_name": name, "url": str(url)})
+
+    def unload(self, name: str) -> tuple[int, object]:
+        return self.json("DELETE", f"/models/{name}")
+
+    def invoke(self, name: str, rows, headers=None, timeout: float = 60) -> tuple[int, object]:
+        return self.json("POST", f"/models/{name}/invoke", rows, headers, timeout)
+
+    def metrics(self) -> dict[str, Metric]:
+        status, _, raw = self.request("GET", "/metrics")
+        if status != 200:
+            raise RuntimeError(f"GET /metrics answered {status}")
+        return parse_metrics(raw.decode())
+
+    def metric(self, sample_name: str, **labels: str) -> float:
+        """One sample of ``/metrics`` now (see :func:`sample_value`); 0.0 when absent."""
+        return sample_value(self.metrics(), sample_name, **labels)
+
+
+class RunningServer(ModelServerClient):
+    """A server already listening at ``url`` (``make serve``'s, a container's)."""
+
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+
+    def request(self, method: str, path: str, body: bytes | str | None = None,
+                headers: Mapping[str, str] | None = None,
+                timeout: float = 60) -> tuple[int, dict[str, str], bytes]:
+        return http_request(self.url, method, path, body, headers, timeout)
+
+
+class ServerProcess(RunningServer):
     """``python -m mmserver serve`` in a subprocess on 127.0.0.1, and a small client for it.
 
     Runs ``[taskset -c cpus] python -m mmserver serve --host 127.0.0.1 --port PORT *args``
@@ -169,7 +224,7 @@ class ServerProcess:
         self.args = [str(arg) for arg in args]
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.port = port if port is not None else free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(f"http://127.0.0.1:{self.port}")
         self.pinning = taskset_prefix(cpus)
         self.cpus = cpus if self.pinning else ""
         self.log_path = Path(log_path) if log_path is not None else None
@@ -223,34 +278,3 @@ class ServerProcess:
         if self.log_path is None or not self.log_path.exists():
             return ""
         return self.log_path.read_text(errors="replace")
-
-    # -- a client ------------------------------------------------------------------------
-
-    def request(self, method: str, path: str, body: bytes | str | None = None,
-                headers: Mapping[str, str] | None = None,
-                timeout: float = 60) -> tuple[int, dict[str, str], bytes]:
-        return http_request(self.url, method, path, body, headers, timeout)
-
-    def json(self, method: str, path: str, payload=None, headers=None,
-             timeout: float = 60) -> tuple[int, object]:
-        """A JSON request (``payload`` None sends no body); the answer decoded, or None."""
-        body = None if payload is None else json.dumps(payload)
-        all_headers = {"Content-Type": "application/json", **(headers or {})}
-        status, _, raw = self.request(method, path, body, all_headers, timeout)
-        return status, json.loads(raw) if raw else None
-
-    def load(self, name: str, url: str | Path) -> tuple[int, object]:
-        return self.json("POST", "/models", {"model_name": name, "url": str(url)})
-
-    def unload(self, name: str) -> tuple[int, object]:
-        return self.json("DELETE", f"/models/{name}")
-
-    def invoke(self, name: str, rows, headers=None, timeout: float = 60) -> tuple[int, object]:
-        return self.json("POST", f"/models/{name}/invoke", rows, headers, timeout)
-
-    def metrics(self) -> dict[str, Metric]:
-        return scrape_metrics(self.url)
-
-    def metric(self, sample_name: str, **labels: str) -> float:
-        """One sample of ``/metrics`` now (see :func:`sample_value`); 0.0 when absent."""
-        return sample_value(self.metrics(), sample_name, **labels)
