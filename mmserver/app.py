@@ -20,6 +20,7 @@ Where SageMaker's contract is silent we follow AWS's multi-model-server.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import math
@@ -28,50 +29,43 @@ from http import HTTPStatus
 
 from aiohttp import hdrs, web
 
-from mmserver import batching, codecs
+from mmserver import codecs, errors
 from mmserver.config import Settings
-from mmserver.errors import (
-    InsufficientResources,
-    InvalidInput,
-    InvalidModelArtifact,
-    InvalidRequest,
-    InvocationTimeout,
-    MMServerError,
-    ModelAlreadyLoaded,
-    ModelLoading,
-    ModelNotFound,
-    ModelUrlNotFound,
-    NotAcceptable,
-    PayloadTooLarge,
-    UnsupportedContentType,
-)
 from mmserver.handlers import RequestContext
 from mmserver.metrics import CONTENT_TYPE_LATEST, Metrics
+from mmserver.pipeline import Invocation, InvocationPipeline
 from mmserver.registry import ModelRegistry, validate_name
 
 log = logging.getLogger(__name__)
 
-#: Most specific first: the first matching class decides the status.
-STATUS_BY_ERROR: tuple[tuple[type[BaseException], int], ...] = (
-    (UnsupportedContentType, 415),
-    (InvalidInput, 400),
-    (InvalidRequest, 400),
-    (InvalidModelArtifact, 400),
-    (ModelUrlNotFound, 404),
-    (ModelNotFound, 404),
-    (ModelAlreadyLoaded, 409),
-    (ModelLoading, 409),
-    (PayloadTooLarge, 413),
-    (NotAcceptable, 406),
-    (InsufficientResources, 507),
-    (batching.ModelOutOfMemory, 507),
-    (batching.QueueFull, 503),
-    (batching.RunnerClosed, 404),
-    (batching.ModelError, 500),
-    (InvocationTimeout, 504),
-)
+#: Status code per error class. A raised error takes the entry of the nearest class in its
+#: hierarchy (as Starlette looks up exception handlers), so the order here does not matter.
+STATUS_BY_ERROR: dict[type[BaseException], int] = {
+    errors.InvalidRequest: 400,
+    errors.InvalidInput: 400,
+    errors.InvalidModelArtifact: 400,
+    errors.Unauthorized: 401,
+    errors.ModelUrlNotFound: 404,
+    errors.ModelNotFound: 404,
+    errors.RunnerClosed: 404,
+    errors.NotAcceptable: 406,
+    errors.BodyTimeout: 408,
+    errors.ModelAlreadyLoaded: 409,
+    errors.ModelLoading: 409,
+    errors.PayloadTooLarge: 413,
+    errors.UnsupportedContentType: 415,
+    errors.ModelError: 500,
+    errors.QueueFull: 503,
+    errors.ModelUnhealthy: 503,
+    errors.InvocationTimeout: 504,
+    errors.LoadTimeout: 504,
+    errors.InsufficientResources: 507,
+    errors.ModelOutOfMemory: 507,
+}
 
 TARGET_MODEL_HEADER = "X-Amzn-SageMaker-Target-Model"
+#: The ``model`` label of invocations of a name that is not loaded.
+UNKNOWN_MODEL_LABEL = "(not loaded)"
 CUSTOM_ATTRIBUTES_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
 #: Name the single model of single-model mode is registered under.
 SINGLE_MODEL_NAME = "model"
@@ -81,6 +75,7 @@ MAX_LOAD_BODY_BYTES = 64 * 1024
 SETTINGS = web.AppKey("settings", Settings)
 REGISTRY = web.AppKey("registry", ModelRegistry)
 METRICS = web.AppKey("metrics", Metrics)
+PIPELINE = web.AppKey("pipeline", InvocationPipeline)
 
 
 def error_response(status: int, message: str, error_type: str | None = None,
@@ -97,9 +92,10 @@ def _reason(status: int) -> str:
 
 
 def status_for(error: BaseException) -> int | None:
-    for cls, status in STATUS_BY_ERROR:
-        if isinstance(error, cls):
-            return status
+    """The status of the nearest class of ``error`` that has one; None for a foreign error."""
+    for cls in type(error).__mro__:
+        if cls in STATUS_BY_ERROR:
+            return STATUS_BY_ERROR[cls]
     return None
 
 
@@ -114,7 +110,7 @@ async def errors_as_json(request: web.Request, handler):
         return error_response(http_error.status, http_error.reason or _reason(http_error.status),
                               headers={k: v for k, v in http_error.headers.items()
                                        if k in (hdrs.ALLOW,)})
-    except (MMServerError, batching.BatchingError) as error:
+    except errors.MMServerError as error:
         return _domain_error_response(error)
     except asyncio.CancelledError:
         raise
@@ -126,9 +122,34 @@ async def errors_as_json(request: web.Request, handler):
 def _domain_error_response(error: BaseException) -> web.Response:
     status = status_for(error) or 500
     headers = None
-    if isinstance(error, batching.QueueFull):
+    if isinstance(error, errors.QueueFull):
         headers = {hdrs.RETRY_AFTER: str(math.ceil(error.retry_after_seconds))}
+    elif isinstance(error, errors.Unauthorized):
+        headers = {hdrs.WWW_AUTHENTICATE: "Bearer"}
     return error_response(status, str(error), type(error).__name__, headers)
+
+
+@web.middleware
+async def management_token_required(request: web.Request, handler):
+    """With MMSERVER_MANAGEMENT_TOKEN set, loading and unloading need the bearer token.
+
+    Invocations, /ping, /invocations and /metrics stay open: SageMaker authenticates
+    callers in front of the container, and only it manages models.
+    """
+    token = request.app[SETTINGS].management_token
+    if token and _is_management(request):
+        scheme, _, given = request.headers.get(hdrs.AUTHORIZATION, "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
+                                                                  token.encode()):
+            raise errors.Unauthorized("loading and unloading models needs "
+                                      "'Authorization: Bearer <MMSERVER_MANAGEMENT_TOKEN>'")
+    return await handler(request)
+
+
+def _is_management(request: web.Request) -> bool:
+    if request.method == "POST":
+        return request.path.rstrip("/") == "/models"
+    return request.method == "DELETE" and request.path.startswith("/models/")
 
 
 # -- model management ---------------------------------------------------------
@@ -137,9 +158,9 @@ async def load_model(request: web.Request) -> web.Response:
     body = await _read_json_object(request)
     name, url = body.get("model_name"), body.get("url")
     if not isinstance(name, str) or not name:
-        raise InvalidRequest('the body needs "model_name": a string')
+        raise errors.InvalidRequest('the body needs "model_name": a string')
     if not isinstance(url, str) or not url:
-        raise InvalidRequest('the body needs "url": the path of the model directory')
+        raise errors.InvalidRequest('the body needs "url": the path of the model directory')
     entry = await request.app[REGISTRY].load(name, url)
     return web.json_response({"status": f"model {name!r} loaded", "modelName": entry.name,
                               "modelUrl": entry.url})
@@ -152,7 +173,7 @@ async def list_models(request: web.Request) -> web.Response:
         try:
             limit = int(query["limit"])
         except ValueError:
-            raise InvalidRequest(f"limit must be an integer, got {query['limit']!r}") from None
+            raise errors.InvalidRequest(f"limit must be an integer, got {query['limit']!r}") from None
     page, token = request.app[REGISTRY].page(limit, query.get("next_page_token"))
     body: dict = {"models": [{"modelName": e.name, "modelUrl": e.url} for e in page]}
     if token is not None:
@@ -173,14 +194,14 @@ async def unload_model(request: web.Request) -> web.Response:
 
 async def _read_json_object(request: web.Request) -> dict:
     if request.content_length is not None and request.content_length > MAX_LOAD_BODY_BYTES:
-        raise PayloadTooLarge(f"a load request is at most {MAX_LOAD_BODY_BYTES} bytes")
+        raise errors.PayloadTooLarge(f"a load request is at most {MAX_LOAD_BODY_BYTES} bytes")
     raw = await request.read()
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InvalidRequest(f"the body must be a JSON object: {error}") from None
+        raise errors.InvalidRequest(f"the body must be a JSON object: {error}") from None
     if not isinstance(body, dict):
-        raise InvalidRequest(f"the body must be a JSON object, got {type(body).__name__}")
+        raise errors.InvalidRequest(f"the body must be a JSON object, got {type(body).__name__}")
     return body
 
 
@@ -201,55 +222,42 @@ async def invocations(request: web.Request) -> web.Response:
 async def _invoke(request: web.Request, name: str) -> web.Response:
     started = time.perf_counter()
     app = request.app
-    entry = app[REGISTRY].get(name)
+    label = UNKNOWN_MODEL_LABEL  # a name per unknown model would let /metrics grow for ever
     try:
+        entry = app[REGISTRY].get(name)
+        label = name
         with entry.invocation():
-            response = await _run_invocation(request, app, entry)
-    except (MMServerError, batching.BatchingError) as error:
+            answer = await app[PIPELINE].run(entry, _invocation(request, app[SETTINGS], name))
+        response = web.Response(body=answer.body, content_type=answer.content_type)
+    except errors.MMServerError as error:
         response = _domain_error_response(error)
-        if response.status >= 500 and response.status != 503:  # shedding load is routine
-            log.warning("model=%s invoke failed with %d: %s", name, response.status, error,
-                        exc_info=error.__cause__)
-        else:
-            log.debug("model=%s invoke answered %d: %s", name, response.status, error)
-    app[METRICS].request_done(name, response.status, time.perf_counter() - started)
+        _log_failed_invocation(name, response.status, error)
+    app[METRICS].request_done(label, response.status, time.perf_counter() - started)
     return response
 
 
-async def _run_invocation(request: web.Request, app: web.Application, entry) -> web.Response:
-    settings = app[SETTINGS]
-    length = request.content_length
-    if length is not None and length > settings.max_payload_bytes:
-        raise PayloadTooLarge(
-            f"the body is {length} bytes; the limit is {settings.max_payload_bytes} "
-            "(SAGEMAKER_MAX_PAYLOAD_IN_MB)")
+def _invocation(request: web.Request, settings: Settings, name: str) -> Invocation:
     headers = request.headers
+    accept = headers.get(hdrs.ACCEPT, "")
+    if not accept.strip() or accept.strip() == "*/*":
+        accept = settings.default_accept
     context = RequestContext(
-        model_name=entry.name,
+        model_name=name,
         content_type=headers.get(hdrs.CONTENT_TYPE, codecs.DEFAULT_TYPE),
-        accept=headers.get(hdrs.ACCEPT, ""),
+        accept=accept,
         custom_attributes=headers.get(CUSTOM_ATTRIBUTES_HEADER),
     )
-    handler = entry.handler
-    if not handler.checks_accept_itself:
-        codecs.negotiate(context.accept)
-    with entry.runner.reserve() as slot:
-        body = await _read_body(request, settings.max_payload_bytes)
-        if len(body) >= settings.decode_in_thread_bytes:
-            data = await asyncio.get_running_loop().run_in_executor(
-                None, handler.decode, body, context)
-        else:
-            data = handler.decode(body, context)
-        try:
-            async with asyncio.timeout(settings.model_server_timeout_seconds):
-                rows = await slot.submit(data)
-        except TimeoutError:
-            raise InvocationTimeout(
-                f"model {entry.name!r} did not answer within "
-                f"{settings.model_server_timeout_seconds:g} s "
-                "(SAGEMAKER_MODEL_SERVER_TIMEOUT)") from None
-    payload, content_type = handler.encode(rows, context)
-    return web.Response(body=payload, content_type=content_type.split(";")[0])
+    return Invocation(context=context, content_length=request.content_length,
+                      read_body=lambda limit: _read_body(request, limit))
+
+
+def _log_failed_invocation(name: str, status: int, error: BaseException) -> None:
+    """One line per failure; the full chain of a server-side error only at debug level."""
+    if status >= 500 and status != 503:  # shedding load is routine
+        log.warning("model=%s invoke answered %d: %s", name, status, error)
+        log.debug("model=%s cause of the %d", name, status, exc_info=error)
+    else:
+        log.debug("model=%s invoke answered %d: %s", name, status, error)
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
@@ -260,8 +268,8 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
     async for chunk in request.content.iter_chunked(256 * 1024):
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"the body exceeds the limit of {limit} bytes "
-                                  "(SAGEMAKER_MAX_PAYLOAD_IN_MB)")
+            raise errors.PayloadTooLarge(f"the body exceeds the limit of {limit} bytes "
+                                         "(SAGEMAKER_MAX_PAYLOAD_IN_MB)")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -282,9 +290,10 @@ async def metrics(request: web.Request) -> web.Response:
 def create_app(settings: Settings | None = None) -> web.Application:
     """Build the application; models in ``settings.preload`` load at start-up."""
     settings = settings or Settings.from_env()
-    app = web.Application(middlewares=[errors_as_json],
+    app = web.Application(middlewares=[errors_as_json, management_token_required],
                           client_max_size=settings.max_payload_bytes + 1)
     app[SETTINGS] = settings
+    app[PIPELINE] = InvocationPipeline(settings)
     app[METRICS] = metrics_ = Metrics()
     app[REGISTRY] = ModelRegistry(settings, on_loaded=metrics_.model_loaded,
                                   on_unloaded=metrics_.model_unloaded)
@@ -310,4 +319,6 @@ async def _preload(app: web.Application) -> None:
 
 
 async def _drain(app: web.Application) -> None:
-    await app[REGISTRY].close()
+    """SIGTERM: answer accepted requests, leaving time to exit before SageMaker's SIGKILL."""
+    await app[REGISTRY].close(drain_timeout=max(1.0, app[SETTINGS].shutdown_timeout_seconds - 5))
+    app[PIPELINE].close()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from mmserver.batching import POLICIES, BatchSettings
 from mmserver.config import Settings
 from mmserver.errors import MMServerError
 from mmserver.resources import usable_cpus
@@ -46,10 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "(MMSERVER_MODEL_ROOTS, default /opt/ml/models)")
     serve.add_argument("--preload", action="append", type=_preload_pair, default=[],
                        metavar="NAME=URL", help="load a model at start-up; repeatable")
-    serve.add_argument("--max-batch-size", type=int, help="rows per model call (16)")
-    serve.add_argument("--max-wait-ms", type=float, help="wait for company, ms (5)")
-    serve.add_argument("--max-queue-size", type=int, help="queued requests per model (256)")
-    serve.add_argument("--policy", choices=("greedy", "timer"), help="batching policy (greedy)")
+    defaults = BatchSettings()
+    serve.add_argument("--max-batch-size", type=int, help="rows per model call "
+                       f"(MMSERVER_MAX_BATCH_SIZE, default {defaults.max_batch_size})")
+    serve.add_argument("--max-wait-ms", type=float, help="how long the oldest request may wait "
+                       f"for company, ms (MMSERVER_MAX_WAIT_MS, default {defaults.max_wait * 1000:g})")
+    serve.add_argument("--max-queue-size", type=int, help="queued requests per model "
+                       f"(MMSERVER_MAX_QUEUE_SIZE, default {defaults.max_queue_size})")
+    serve.add_argument("--policy", choices=POLICIES,
+                       help=f"batching policy (MMSERVER_BATCH_POLICY, default {defaults.policy})")
     serve.add_argument("--no-access-log", action="store_true", help="no line per request")
     serve.add_argument("--log-level", default="INFO")
     examples = commands.add_parser("examples", help="write the example models")
@@ -68,7 +74,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     base = Settings.from_env()
     batch = dataclasses.replace(base.batch, **_given({
         "max_batch_size": args.max_batch_size,
-        "max_wait_seconds": None if args.max_wait_ms is None else args.max_wait_ms / 1000.0,
+        "max_wait": None if args.max_wait_ms is None else args.max_wait_ms / 1000.0,
         "max_queue_size": args.max_queue_size,
         "policy": args.policy,
     }))

@@ -27,8 +27,13 @@ import PIL.Image
 import torch
 import torchvision.io
 
-from mmserver.batching import ModelError
-from mmserver.errors import InvalidInput, NotAcceptable, PayloadTooLarge, UnsupportedContentType
+from mmserver.errors import (
+    InvalidInput,
+    NotAcceptable,
+    OutputNotEncodable,
+    PayloadTooLarge,
+    UnsupportedContentType,
+)
 
 JSON = "application/json"
 NPY = "application/x-npy"
@@ -192,7 +197,7 @@ def encode(output: Any, accept: str | None) -> tuple[bytes, str]:
         try:
             text = json.dumps(_to_python(output), separators=(",", ":"), allow_nan=False)
         except ValueError:
-            raise ModelError(f"the model's output holds NaN or infinity, which JSON cannot "
+            raise OutputNotEncodable(f"the model's output holds NaN or infinity, which JSON cannot "
                              f"carry; ask for {NPY}") from None
         return text.encode(), JSON
     if not isinstance(output, torch.Tensor):

@@ -1,17 +1,22 @@
 """Settings: one object built from the environment and the command line.
 
 SageMaker's own variables keep their meaning; mmserver's knobs use the
-``MMSERVER_`` prefix. Command-line flags override the environment.
+``MMSERVER_`` prefix. Command-line flags override the environment (``cli``).
+Every variable is read through :func:`read_env` with its type and default,
+so a bad value is refused with a message that names the variable.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
-from mmserver.batching import POLICIES
+from mmserver.batching import BatchSettings
+
+T = TypeVar("T")
 
 DEFAULT_PORT = 8080
 DEFAULT_MODEL_ROOT = "/opt/ml/models"
@@ -22,57 +27,85 @@ DEFAULT_MAX_PAYLOAD_MB = 6
 DEFAULT_MODEL_SERVER_TIMEOUT_SECONDS = 60.0
 #: Share of the memory available at start-up that loaded models may use by default.
 DEFAULT_MEMORY_BUDGET_SHARE = 0.5
+#: A 6 MB body arrives in well under a second on any network a model server sits on.
+DEFAULT_BODY_TIMEOUT_SECONDS = 15.0
+#: Loading reads weights and runs model_fn; a large model on a slow disk takes minutes.
+DEFAULT_LOAD_TIMEOUT_SECONDS = 300.0
+#: SageMaker sends SIGKILL 30 s after SIGTERM; leave 5 s for the process to exit.
+DEFAULT_SHUTDOWN_TIMEOUT_SECONDS = 25.0
+#: The name SageMaker's toolkit gives the handler script under code/.
+DEFAULT_PROGRAM = "inference.py"
 
 
-@dataclasses.dataclass(frozen=True)
-class BatchSettings:
-    """The knobs of one ModelRunner (see ``mmserver.batching``)."""
+# -- reading one variable -------------------------------------------------------------
 
-    max_batch_size: int = 16
-    max_wait_seconds: float = 0.005
-    max_queue_size: int = 256
-    policy: str = "greedy"
 
-    def __post_init__(self):
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if not self.max_wait_seconds >= 0:
-            raise ValueError(f"max_wait must be >= 0, got {self.max_wait_seconds}")
-        if self.max_queue_size < 1:
-            raise ValueError(f"max_queue_size must be >= 1, got {self.max_queue_size}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+def integer(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"must be an integer, got {raw!r}") from None
 
-    def overridden(self, overrides: Mapping[str, object]) -> BatchSettings:
-        """Apply a model's ``mmserver.json`` (keys as the environment's, ``max_wait_ms``)."""
-        known = {"max_batch_size", "max_wait_ms", "max_queue_size", "policy"}
-        unknown = set(overrides) - known
-        if unknown:
-            raise ValueError(f"unknown batching settings {sorted(unknown)}; known: {sorted(known)}")
-        changes: dict[str, object] = {}
-        for key in ("max_batch_size", "max_queue_size"):
-            if key in overrides:
-                value = overrides[key]
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise ValueError(f"{key} must be an integer, got {value!r}")
-                changes[key] = value
-        if "max_wait_ms" in overrides:
-            value = overrides["max_wait_ms"]
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"max_wait_ms must be a number, got {value!r}")
-            changes["max_wait_seconds"] = float(value) / 1000.0
-        if "policy" in overrides:
-            changes["policy"] = overrides["policy"]
-        return dataclasses.replace(self, **changes)
 
-    def as_dict(self) -> dict[str, object]:
-        """The ``batching`` object of ``GET /models/{name}``."""
-        return {
-            "maxBatchSize": self.max_batch_size,
-            "maxWaitMs": self.max_wait_seconds * 1000.0,
-            "maxQueueSize": self.max_queue_size,
-            "policy": self.policy,
-        }
+def number(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"must be a number, got {raw!r}") from None
+
+
+def boolean(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"must be true or false, got {raw!r}")
+
+
+def text(raw: str) -> str:
+    return raw
+
+
+def paths(raw: str) -> tuple[Path, ...]:
+    return tuple(Path(p) for p in raw.split(os.pathsep) if p)
+
+
+def read_env(env: Mapping[str, str], key: str, parse: Callable[[str], T], default: T) -> T:
+    """``env[key]`` parsed, or ``default`` when unset or empty; errors name ``key``."""
+    raw = env.get(key)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return parse(raw.strip())
+    except ValueError as error:
+        raise ValueError(f"{key} {error}") from None
+
+
+#: The batching knobs: BatchSettings field -> (variable, parse, divisor from the variable's unit).
+BATCH_VARIABLES = {
+    "max_batch_size": ("MMSERVER_MAX_BATCH_SIZE", integer, None),
+    "max_wait": ("MMSERVER_MAX_WAIT_MS", number, 1000),
+    "max_queue_size": ("MMSERVER_MAX_QUEUE_SIZE", integer, None),
+    "policy": ("MMSERVER_BATCH_POLICY", text, None),
+}
+
+
+def batch_settings_from_env(env: Mapping[str, str]) -> BatchSettings:
+    values = {}
+    for field, (key, parse, divisor) in BATCH_VARIABLES.items():
+        value = read_env(env, key, parse, None)
+        if value is not None:
+            values[field] = value / divisor if divisor else value
+    try:
+        return BatchSettings(**values)
+    except ValueError as error:
+        field = str(error).split(" ", 1)[0]
+        key = BATCH_VARIABLES.get(field, (field,))[0]
+        raise ValueError(f"{key}: {error}") from None
+
+
+# -- the settings object ----------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +118,7 @@ class Settings:
     preload: tuple[tuple[str, str], ...] = ()
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_MB * 1024 * 1024
     model_server_timeout_seconds: float = DEFAULT_MODEL_SERVER_TIMEOUT_SECONDS
-    program: str = "inference.py"
+    program: str = DEFAULT_PROGRAM
     batch: BatchSettings = BatchSettings()
     memory_budget_bytes: int | None = None
     max_models: int | None = None
@@ -93,60 +126,45 @@ class Settings:
     access_log: bool = True
     #: Bodies at least this large are decoded in a worker thread, not on the event loop.
     decode_in_thread_bytes: int = 64 * 1024
-    #: aiohttp's grace period for in-flight requests on SIGTERM; SageMaker kills at 30 s.
-    shutdown_timeout_seconds: float = 25.0
+    #: A client that has not sent its whole body within this gets 408 and holds no slot.
+    body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
+    #: A load (reading files, model_fn, warm-up) that takes longer answers 504.
+    load_timeout_seconds: float = DEFAULT_LOAD_TIMEOUT_SECONDS
+    #: SIGTERM: answer accepted requests, abandon stuck calls, exit within this.
+    shutdown_timeout_seconds: float = DEFAULT_SHUTDOWN_TIMEOUT_SECONDS
+    #: When set, POST /models and DELETE /models/{name} need "Authorization: Bearer <token>".
+    management_token: str | None = None
+    #: The toolkit's SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT: what a missing or */* Accept means.
+    default_accept: str = "application/json"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Read the variables of DESIGN.md section 7 (flags go on top in ``cli``)."""
+        """Read every variable of the settings table (flags go on top in ``cli``)."""
         env = os.environ if environ is None else environ
-        batch = BatchSettings(
-            max_batch_size=_int(env, "MMSERVER_MAX_BATCH_SIZE", BatchSettings.max_batch_size),
-            max_wait_seconds=_float(env, "MMSERVER_MAX_WAIT_MS",
-                                    BatchSettings.max_wait_seconds * 1000) / 1000.0,
-            max_queue_size=_int(env, "MMSERVER_MAX_QUEUE_SIZE", BatchSettings.max_queue_size),
-            policy=env.get("MMSERVER_BATCH_POLICY", BatchSettings.policy),
-        )
-        roots = env.get("MMSERVER_MODEL_ROOTS")
-        budget_mb = env.get("MMSERVER_MEMORY_BUDGET_MB")
-        max_models = env.get("MMSERVER_MAX_MODELS")
+        budget_mb = read_env(env, "MMSERVER_MEMORY_BUDGET_MB", number, None)
         return cls(
-            host=env.get("MMSERVER_HOST", cls.host),
-            port=_int(env, "SAGEMAKER_BIND_TO_PORT", DEFAULT_PORT),
-            multi_model=env.get("SAGEMAKER_MULTI_MODEL", "true").strip().lower()
-            in ("1", "true", "yes"),
-            single_model_dir=Path(env.get("MMSERVER_SINGLE_MODEL_DIR", DEFAULT_SINGLE_MODEL_DIR)),
-            model_roots=tuple(Path(p) for p in roots.split(os.pathsep) if p)
-            if roots else (Path(DEFAULT_MODEL_ROOT),),
-            max_payload_bytes=int(_float(env, "SAGEMAKER_MAX_PAYLOAD_IN_MB",
-                                         DEFAULT_MAX_PAYLOAD_MB) * 1024 * 1024),
-            model_server_timeout_seconds=_float(env, "SAGEMAKER_MODEL_SERVER_TIMEOUT",
-                                                DEFAULT_MODEL_SERVER_TIMEOUT_SECONDS),
-            program=env.get("SAGEMAKER_PROGRAM", "inference.py"),
-            batch=batch,
-            memory_budget_bytes=int(float(budget_mb) * 1024 * 1024) if budget_mb else None,
-            max_models=int(max_models) if max_models else None,
-            device=env.get("MMSERVER_DEVICE") or None,
-            access_log=env.get("MMSERVER_ACCESS_LOG", "1").strip().lower()
-            not in ("0", "false", "no"),
+            host=read_env(env, "MMSERVER_HOST", text, cls.host),
+            port=read_env(env, "SAGEMAKER_BIND_TO_PORT", integer, DEFAULT_PORT),
+            multi_model=read_env(env, "SAGEMAKER_MULTI_MODEL", boolean, True),
+            single_model_dir=Path(read_env(env, "MMSERVER_SINGLE_MODEL_DIR", text,
+                                           DEFAULT_SINGLE_MODEL_DIR)),
+            model_roots=read_env(env, "MMSERVER_MODEL_ROOTS", paths,
+                                 (Path(DEFAULT_MODEL_ROOT),)) or (Path(DEFAULT_MODEL_ROOT),),
+            max_payload_bytes=int(read_env(env, "SAGEMAKER_MAX_PAYLOAD_IN_MB", number,
+                                           DEFAULT_MAX_PAYLOAD_MB) * 1024 * 1024),
+            model_server_timeout_seconds=read_env(env, "SAGEMAKER_MODEL_SERVER_TIMEOUT", number,
+                                                  DEFAULT_MODEL_SERVER_TIMEOUT_SECONDS),
+            program=read_env(env, "SAGEMAKER_PROGRAM", text, DEFAULT_PROGRAM),
+            batch=batch_settings_from_env(env),
+            memory_budget_bytes=None if budget_mb is None else int(budget_mb * 1024 * 1024),
+            max_models=read_env(env, "MMSERVER_MAX_MODELS", integer, None),
+            device=read_env(env, "MMSERVER_DEVICE", text, None),
+            access_log=read_env(env, "MMSERVER_ACCESS_LOG", boolean, True),
+            body_timeout_seconds=read_env(env, "MMSERVER_BODY_TIMEOUT", number,
+                                          DEFAULT_BODY_TIMEOUT_SECONDS),
+            load_timeout_seconds=read_env(env, "MMSERVER_LOAD_TIMEOUT", number,
+                                          DEFAULT_LOAD_TIMEOUT_SECONDS),
+            management_token=read_env(env, "MMSERVER_MANAGEMENT_TOKEN", text, None),
+            default_accept=read_env(env, "SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", text,
+                                    "application/json"),
         )
-
-
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
-
-
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return float(default)
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number, got {raw!r}") from None

@@ -1,8 +1,13 @@
-"""Domain errors: what went wrong, in words a caller can act on.
+"""Domain errors: one family, each class saying what went wrong in words a caller can act on.
 
-The registry, handlers and codecs raise these; only ``app`` turns them into
-HTTP status codes (see ``app.STATUS_BY_ERROR``), so the rest of the package
-stays usable without a web framework.
+Every error the package raises on purpose derives from :class:`MMServerError`,
+and ``str(error)`` is the message sent to the client. Only ``app`` knows HTTP:
+it looks a status code up by walking the error's class hierarchy
+(``app.STATUS_BY_ERROR``), so a subclass inherits its parent's status unless
+it has its own and the order of the table cannot matter.
+
+This module imports nothing, so ``batching`` (which notebooks run on its own)
+can share the family without pulling in the rest of the package.
 """
 
 from __future__ import annotations
@@ -12,16 +17,46 @@ class MMServerError(Exception):
     """Base class; ``str(error)`` is the message sent to the client."""
 
 
+# -- the request ------------------------------------------------------------------
+
+
 class InvalidRequest(MMServerError):
     """The request itself is malformed: wrong fields, bad name, bad query."""
 
 
 class UrlOutsideModelRoots(InvalidRequest):
-    """A model url that resolves (after symlinks) outside every model root."""
+    """A model url, or a file a model folder uses, resolves outside every model root."""
+
+
+class InvalidInput(MMServerError):
+    """The request body could not be decoded into model input."""
+
+
+class UnsupportedContentType(InvalidInput):
+    """No decoder for the request's Content-Type."""
+
+
+class NotAcceptable(MMServerError):
+    """No encoder for any type the request's Accept header allows."""
+
+
+class PayloadTooLarge(MMServerError):
+    """The body is larger than SAGEMAKER_MAX_PAYLOAD_IN_MB (or an image has too many pixels)."""
+
+
+class BodyTimeout(MMServerError):
+    """The client did not send its whole body within the body-read timeout."""
+
+
+class Unauthorized(MMServerError):
+    """A management call without the bearer token that MMSERVER_MANAGEMENT_TOKEN requires."""
+
+
+# -- loading and the set of models ------------------------------------------------
 
 
 class InvalidModelArtifact(MMServerError):
-    """The model directory exists but cannot become a model."""
+    """The model directory exists but cannot become a model (its code or files are wrong)."""
 
 
 class ModelUrlNotFound(MMServerError):
@@ -44,21 +79,59 @@ class InsufficientResources(MMServerError):
     """Not enough memory (or model slots) to load or run the model."""
 
 
-class InvalidInput(MMServerError):
-    """The request body could not be decoded into model input."""
+class LoadTimeout(MMServerError):
+    """Loading the model took longer than MMSERVER_LOAD_TIMEOUT."""
 
 
-class UnsupportedContentType(InvalidInput):
-    """No decoder for the request's Content-Type."""
+# -- running a model ----------------------------------------------------------------
 
 
-class NotAcceptable(MMServerError):
-    """No encoder for any type the request's Accept header allows."""
+class QueueFull(MMServerError):
+    """The model's queue holds ``max_queue_size`` requests; come back later."""
+
+    def __init__(self, message: str, retry_after_seconds: float):
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
 
 
-class PayloadTooLarge(MMServerError):
-    """The body is larger than SAGEMAKER_MAX_PAYLOAD_IN_MB."""
+class RunnerClosed(MMServerError):
+    """The model's runner is stopping or stopped and accepts no new requests."""
+
+
+class ModelUnhealthy(MMServerError):
+    """A call into the model has outlived the invocation timeout and still runs."""
+
+
+class ModelError(MMServerError):
+    """User code (the model, ``predict_fn``, ``output_fn``...) raised on this request."""
+
+
+class OutputNotEncodable(ModelError):
+    """The model's output cannot be written in the negotiated type (NaN in JSON, say)."""
+
+
+class ModelOutOfMemory(ModelError):
+    """The model ran out of memory even on this request alone."""
 
 
 class InvocationTimeout(MMServerError):
     """The invocation took longer than SAGEMAKER_MODEL_SERVER_TIMEOUT."""
+
+
+#: Longest error message handed back to a client; the full one stays in the exception chain.
+MAX_ERROR_MESSAGE_CHARS = 500
+
+
+def summarize_error(error: BaseException) -> str:
+    """The line of an error's message that says what went wrong, short enough for a client.
+
+    TorchScript puts that line last, under a long trace with the server's file paths.
+    """
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return "(no message)"
+    last = lines[-1]
+    prefix = f"{error.__class__.__name__}: "
+    if last.startswith(prefix):
+        last = last[len(prefix):]
+    return last[:MAX_ERROR_MESSAGE_CHARS]

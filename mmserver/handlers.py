@@ -43,15 +43,16 @@ from typing import Any
 import torch
 
 from mmserver import codecs
-from mmserver.batching import ModelError, summarize_error
-from mmserver.config import BatchSettings
+from mmserver.batching import is_out_of_memory
 from mmserver.errors import (
     InsufficientResources,
     InvalidInput,
     InvalidModelArtifact,
     MMServerError,
+    ModelError,
     NotAcceptable,
     UnsupportedContentType,
+    summarize_error,
 )
 
 log = logging.getLogger(__name__)
@@ -73,10 +74,6 @@ class RequestContext:
     content_type: str
     accept: str
     custom_attributes: str | None = None
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    return isinstance(error, (MemoryError, torch.OutOfMemoryError))
 
 
 class ModelHandler:
@@ -110,6 +107,16 @@ class ModelHandler:
             summary = summarize_error(error)
             raise InvalidModelArtifact(
                 f"{where} raised {error.__class__.__name__}: {summary}") from error
+
+    @property
+    def row_wise(self) -> bool:
+        """Whether requests may be concatenated: always for the default functions."""
+        return self._predict_fn is None and self._input_fn is None
+
+    @property
+    def has_user_codecs(self) -> bool:
+        """User input_fn/output_fn run in the model's own threads, never on the event loop."""
+        return self._input_fn is not None or self._output_fn is not None
 
     @property
     def checks_accept_itself(self) -> bool:
@@ -202,13 +209,6 @@ def estimated_memory_bytes(model_dir: Path) -> int:
     size = sum(p.stat().st_size for p in model_dir.rglob("*")
                if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
     return int(size * MEMORY_ESTIMATE_FACTOR)
-
-
-def batch_settings_for(defaults: BatchSettings, overrides: dict) -> BatchSettings:
-    try:
-        return defaults.overridden(overrides)
-    except ValueError as error:
-        raise InvalidModelArtifact(f"{SETTINGS_FILE}: {error}") from None
 
 
 def _read_settings(model_dir: Path) -> dict:

@@ -24,24 +24,22 @@ from pathlib import Path
 
 import torch
 
-from mmserver.batching import ModelRunner
-from mmserver.config import DEFAULT_MEMORY_BUDGET_SHARE, BatchSettings, Settings
+from mmserver.batching import BatchSettings, ModelRunner, is_out_of_memory
+from mmserver.config import DEFAULT_MEMORY_BUDGET_SHARE, Settings
 from mmserver.errors import (
     InsufficientResources,
+    InvalidModelArtifact,
     InvalidRequest,
+    LoadTimeout,
     ModelAlreadyLoaded,
     ModelLoading,
     ModelNotFound,
     ModelUrlNotFound,
     UrlOutsideModelRoots,
 )
-from mmserver.resources import available_memory_bytes
-from mmserver.handlers import (
-    ModelHandler,
-    batch_settings_for,
-    estimated_memory_bytes,
-    is_out_of_memory,
-)
+from mmserver.handlers import SETTINGS_FILE, ModelHandler, estimated_memory_bytes
+from mmserver.resources import available_memory_bytes, memory_in_use_bytes
+from mmserver.workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +61,18 @@ class ModelEntry:
     handler: ModelHandler | None = None
     runner: ModelRunner | None = None
     batch: BatchSettings | None = None
+    #: Runs this model's own input_fn/output_fn, so a stuck one holds no other model's thread.
+    codec_pool: WorkerPool | None = None
     invocations: int = 0
     idle: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    unloading: asyncio.Task | None = None
+
+    @property
+    def status(self) -> str:
+        """``loading``, ``ready``, ``unhealthy`` (a call is stuck) or ``unloading``."""
+        if self.state == "ready" and self.runner is not None and self.runner.stuck_seconds:
+            return "unhealthy"
+        return self.state
 
     @contextlib.contextmanager
     def invocation(self) -> Iterator[None]:
@@ -79,7 +87,12 @@ class ModelEntry:
                 self.idle.set()
 
     def describe(self) -> dict:
-        described = {"modelName": self.name, "modelUrl": self.url, "status": self.state}
+        described = {"modelName": self.name, "modelUrl": self.url, "status": self.status}
+        if self.status == "unhealthy":
+            described["health"] = (
+                f"a call into the model has run for {self.runner.stuck_seconds:.0f} s, past its "
+                f"{self.runner.call_timeout:g} s limit (SAGEMAKER_MODEL_SERVER_TIMEOUT); new "
+                "requests get 503 until it returns; DELETE unloads it without waiting for it")
         if self.runner is not None:
             stats = self.runner.stats
             described.update({
@@ -122,21 +135,44 @@ class ModelRegistry:
             raise InvalidRequest("url must be a non-empty path to a model directory")
         candidates = [Path(raw)] if os.path.isabs(raw) else [root / raw for root in self._roots]
         for candidate in candidates:
-            real = Path(os.path.realpath(candidate))
-            if not any(real == root or real.is_relative_to(root) for root in self._roots):
-                raise UrlOutsideModelRoots(
-                    f"url {url!r} resolves outside the model roots "
-                    f"({', '.join(str(r) for r in self._roots)})")
-            if real.exists():
+            try:
+                real = Path(os.path.realpath(candidate))
+                exists = real.exists()
+            except (OSError, ValueError) as error:  # a name too long, say
+                raise InvalidRequest(f"url {url[:300]!r} is not a usable path: "
+                                     f"{getattr(error, 'strerror', None) or error}") from None
+            self._check_inside_roots(real, f"url {url!r}")
+            if exists:
                 if not real.is_dir():
                     raise InvalidRequest(f"url {url!r} is a file; it must be a model directory")
                 return real
         raise ModelUrlNotFound(f"url {url!r} does not exist")
 
+    def _check_inside_roots(self, real: Path, what: str) -> None:
+        if not any(real == root or real.is_relative_to(root) for root in self._roots):
+            raise UrlOutsideModelRoots(
+                f"{what} resolves outside the model roots "
+                f"({', '.join(str(r) for r in self._roots)})")
+
+    def check_model_files(self, model_dir: Path) -> None:
+        """Every file the folder holds (``code/``, weights, ``mmserver.json``) stays inside a root.
+
+        A symlink inside a model folder could otherwise make the server run code or
+        read weights from anywhere; it is refused before any of the folder's code runs.
+        """
+        for folder, subfolders, files in os.walk(model_dir):
+            for name in [*subfolders, *files]:
+                path = Path(folder) / name
+                if path.is_symlink():
+                    self._check_inside_roots(Path(os.path.realpath(path)),
+                                             f"{path.relative_to(model_dir)} in the model folder")
+
     async def load(self, name: str, url: str) -> ModelEntry:
         """Load the model directory ``url`` as ``name`` (checked against the model roots)."""
         validate_name(name)
-        return await self._load(name, url, self.resolve_url(url))
+        path = self.resolve_url(url)
+        self.check_model_files(path)
+        return await self._load(name, url, path)
 
     async def load_single(self, name: str, model_dir: Path) -> ModelEntry:
         """Single-model mode: the model SageMaker unpacked into /opt/ml/model."""
@@ -154,14 +190,13 @@ class ModelRegistry:
         self._entries[name] = entry
         started = time.perf_counter()
         try:
-            handler = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: ModelHandler(path, device=self.device,
-                                           program=self.settings.program))
-            batch = batch_settings_for(self.settings.batch, handler.batch_overrides)
-            runner = ModelRunner(handler.predict, max_batch_size=batch.max_batch_size,
-                                 max_wait=batch.max_wait_seconds,
-                                 max_queue_size=batch.max_queue_size, policy=batch.policy,
-                                 device=self.device, name=name)
+            handler = await self._build_handler(name, path)
+            entry.memory_bytes = max(handler.memory_bytes, estimate)
+            self._check_capacity(0, exclude=entry, needed_by=entry)
+            batch = _batch_settings(self.settings.batch, handler.batch_overrides)
+            runner = ModelRunner(handler.predict, batch, device=self.device, name=name,
+                                 concatenate=handler.row_wise,
+                                 call_timeout=self.settings.model_server_timeout_seconds)
             await runner.start()
         except BaseException as error:
             del self._entries[name]
@@ -170,7 +205,7 @@ class ModelRegistry:
                     f"out of memory while loading model {name!r}: {error}") from error
             raise
         entry.handler, entry.runner, entry.batch = handler, runner, batch
-        entry.memory_bytes = handler.memory_bytes or estimate
+        entry.codec_pool = WorkerPool(f"{name}-codec", workers=2)
         entry.state = "ready"
         log.info("model=%s loaded from %s in %.2f s (%d bytes, %s)", name, path,
                  time.perf_counter() - started, entry.memory_bytes, self.device)
@@ -178,15 +213,49 @@ class ModelRegistry:
             self._on_loaded(entry)
         return entry
 
-    def _check_capacity(self, needed: int) -> None:
-        if self.settings.max_models is not None and len(self._entries) >= self.settings.max_models:
+    async def _build_handler(self, name: str, path: Path) -> ModelHandler:
+        """Build the handler in a thread of its own, within the load timeout.
+
+        The memory the load took (process memory, and device memory on CUDA) is
+        measured around it, so what ``model_fn`` allocates beyond the weight files
+        counts against the budget. A load that never returns leaves its daemon
+        thread behind and frees the name.
+        """
+        timeout = self.settings.load_timeout_seconds
+
+        def build() -> ModelHandler:
+            before = memory_in_use_bytes(self.device)
+            handler = ModelHandler(path, device=self.device, program=self.settings.program)
+            handler.memory_bytes = max(handler.memory_bytes,
+                                       memory_in_use_bytes(self.device) - before)
+            return handler
+
+        pool = WorkerPool(f"load-{name}")
+        try:
+            async with asyncio.timeout(timeout):
+                return await pool.run(build)
+        except TimeoutError:
+            log.error("model=%s load did not finish within %g s; abandoned", name, timeout)
+            raise LoadTimeout(f"loading model {name!r} took longer than {timeout:g} s "
+                              "(MMSERVER_LOAD_TIMEOUT)") from None
+        finally:
+            pool.close()
+
+    def _check_capacity(self, needed: int, *, exclude: ModelEntry | None = None,
+                        needed_by: ModelEntry | None = None) -> None:
+        """507 past the model cap, or when ``needed`` bytes (plus ``needed_by``'s) do not fit."""
+        if exclude is None and self.settings.max_models is not None \
+                and len(self._entries) >= self.settings.max_models:
             raise InsufficientResources(
                 f"{len(self._entries)} models are loaded or loading, the most allowed "
                 f"(MMSERVER_MAX_MODELS={self.settings.max_models}); unload one first")
-        used = self.memory_used_bytes()
+        used = self.memory_used_bytes() - (exclude.memory_bytes if exclude else 0)
+        if needed_by is not None:
+            needed = needed_by.memory_bytes
         if used + needed > self.memory_budget_bytes:
+            how = "measured" if needed_by is not None else "estimated from its files"
             raise InsufficientResources(
-                f"the model needs about {needed / 2**20:.1f} MiB but only "
+                f"the model needs {needed / 2**20:.1f} MiB ({how}) but only "
                 f"{max(0, self.memory_budget_bytes - used) / 2**20:.1f} MiB of the "
                 f"{self.memory_budget_bytes / 2**20:.1f} MiB budget is free "
                 "(MMSERVER_MEMORY_BUDGET_MB); unload a model first")
@@ -211,6 +280,7 @@ class ModelRegistry:
         return entry
 
     def ready(self) -> list[ModelEntry]:
+        """Models that serve (an unhealthy one included: it answers 503 while stuck)."""
         return [e for e in self._entries.values() if e.state == "ready"]
 
     def page(self, limit: int | None = None,
@@ -231,31 +301,47 @@ class ModelRegistry:
 
     # -- unloading -----------------------------------------------------------
 
-    async def unload(self, name: str) -> None:
-        """Let accepted requests finish, then free the model (CUDA cache included)."""
-        if name in self._entries and self._entries[name].state == "loading":
+    async def unload(self, name: str, drain_timeout: float | None = None) -> None:
+        """Let accepted requests finish, then free the model (CUDA cache included).
+
+        The unload runs as a task of its own, so a client that hangs up on its
+        ``DELETE`` cannot interrupt it half-way. Draining takes at most
+        ``drain_timeout`` seconds (default: the invocation timeout, which no
+        accepted request outlives); a stuck call is not waited for.
+        """
+        entry = self._entries.get(name)
+        if entry is not None and entry.state == "loading":
             raise ModelLoading(f"model {name!r} is still loading; unload it once it is ready")
         entry = self.get(name)
         entry.state = "unloading"
+        timeout = self.settings.model_server_timeout_seconds if drain_timeout is None \
+            else drain_timeout
+        entry.unloading = asyncio.create_task(self._unload(entry, timeout))
+        await asyncio.shield(entry.unloading)
+
+    async def _unload(self, entry: ModelEntry, timeout: float) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
         try:
-            await entry.runner.stop()
+            await entry.runner.stop(timeout)
             if entry.invocations:  # answered by the runner, maybe still in output_fn
-                await entry.idle.wait()
+                remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(entry.idle.wait(), remaining)
         finally:
             entry.handler.close()
-            entry.handler = None
-            entry.runner = None
-            del self._entries[name]
+            entry.codec_pool.close()
+            entry.handler = entry.runner = entry.codec_pool = None
+            del self._entries[entry.name]
             gc.collect()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-            log.info("model=%s unloaded", name)
+            log.info("model=%s unloaded", entry.name)
             if self._on_unloaded:
                 self._on_unloaded(entry)
 
-    async def close(self) -> None:
+    async def close(self, drain_timeout: float | None = None) -> None:
         """Unload everything (on shutdown), answering accepted requests first."""
-        await asyncio.gather(*(self.unload(e.name) for e in self.ready()),
+        await asyncio.gather(*(self.unload(e.name, drain_timeout) for e in self.ready()),
                              return_exceptions=True)
 
 
@@ -290,3 +376,10 @@ def default_memory_budget_bytes(device: torch.device) -> int:
         return int(free * DEFAULT_MEMORY_BUDGET_SHARE)
     return int(available_memory_bytes() * DEFAULT_MEMORY_BUDGET_SHARE)
 
+
+
+def _batch_settings(defaults: BatchSettings, overrides: dict) -> BatchSettings:
+    try:
+        return defaults.overridden(overrides)
+    except ValueError as error:
+        raise InvalidModelArtifact(f"{SETTINGS_FILE}: {error}") from None

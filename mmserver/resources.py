@@ -46,6 +46,21 @@ def _cgroup_memory_headroom_bytes() -> int | None:
     return None
 
 
+def process_resident_bytes() -> int:
+    """This process's resident set size, from /proc (0 where there is none)."""
+    statm = _read(Path("/proc/self/statm"))
+    return int(statm.split()[1]) * os.sysconf("SC_PAGE_SIZE") if statm else 0
+
+
+def memory_in_use_bytes(device) -> int:
+    """What a model on ``device`` takes memory from: device memory on CUDA, else the process's."""
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        return torch.cuda.memory_allocated(device)
+    return process_resident_bytes()
+
+
 def available_memory_bytes() -> int:
     """Memory this process can still take: the host's, capped by its container's limit."""
     host = _host_available_memory_bytes()

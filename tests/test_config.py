@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from mmserver.cli import build_parser, settings_from_args
-from mmserver.config import BatchSettings, Settings
+from mmserver.batching import BatchSettings
+from mmserver.config import Settings
 
 
 def test_defaults_follow_sagemaker():
@@ -50,7 +51,7 @@ def test_flags_override_the_environment(monkeypatch):
     args = build_parser().parse_args(["serve", "--max-batch-size", "4", "--max-wait-ms", "0",
                                       "--model-root", "/m", "--preload", "a=x/y"])
     settings = settings_from_args(args)
-    assert settings.batch.max_batch_size == 4 and settings.batch.max_wait_seconds == 0
+    assert settings.batch.max_batch_size == 4 and settings.batch.max_wait == 0
     assert settings.port == 9000
     assert settings.model_roots == (Path("/m"),)
     assert settings.preload == (("a", "x/y"),)

@@ -1,0 +1,90 @@
+"""Request batching: the book's ``ModelRunner``, rebuilt without its defects.
+
+Many clients each send a few rows; a model is far cheaper per row when it sees
+many rows at once. A ``ModelRunner`` owns one model, queues the requests that
+arrive for it, concatenates compatible ones along dimension 0 into one batch,
+runs the model once in a worker thread and hands each request back exactly its
+own rows.
+
+The knobs (each per runner, so per model):
+
+``max_batch_size`` (default 16, rows)
+    The most rows one model call sees. A request with more rows than this runs
+    alone; it is never split and never refused. Larger batches raise
+    throughput until the model stops getting cheaper per row, and raise the
+    latency of every request in the batch by the extra compute.
+``max_wait`` (default 0.005 s)
+    How long the *oldest* queued request may wait for company before its batch
+    runs anyway, measured from its arrival on the loop's monotonic clock.
+    0 means never wait for company. It adds at most ``max_wait`` to the
+    latency of a request that arrives at a quiet moment.
+``max_queue_size`` (default 256, requests)
+    Requests admitted but not yet taken into a batch. When it is full,
+    :meth:`ModelRunner.reserve` and :meth:`ModelRunner.submit` raise
+    :class:`QueueFull` at once, before any work is done for that request, so
+    an overloaded server sheds load instead of growing an unbounded backlog.
+``policy`` (default ``"greedy"``)
+    ``"timer"`` is the book's rule: a batch runs when ``max_batch_size`` rows
+    are queued or the oldest request has waited ``max_wait``.
+    ``"greedy"`` runs whatever is queued as soon as the model is idle; while
+    the model is busy, requests accumulate and form the next batch. It waits
+    for company (at most ``max_wait``) only for requests that are known to be
+    on their way: admitted with :meth:`ModelRunner.reserve` and still being
+    decoded. A lone request to an idle model never waits. With
+    ``max_wait = 0`` this is Triton's default dynamic batcher.
+
+Guarantees, whatever the policy:
+
+* Only inputs with the same shape beyond dimension 0, the same dtype and the
+  same device share a batch; the oldest queued request decides which.
+* A request whose caller was cancelled (the client went away) is dropped
+  before its batch is formed.
+* If the batched call raises, the runner does not die: the batch is retried
+  request by request, so only the failing requests fail. An out-of-memory
+  batch is retried in halves before a single request is declared too big.
+* Every submitted request is answered exactly once: its result, an exception,
+  or :class:`QueueFull`. Stopping the runner answers everything it accepted.
+* The model runs in a worker thread under ``torch.inference_mode()``, never on
+  the event loop.
+
+This module imports nothing else of the package and no web framework, so a
+notebook can run it on its own.
+"""
+
+from mmserver.batching.planner import BatchPlanner, Plan
+from mmserver.batching.runner import (
+    BatchRecord,
+    ModelRunner,
+    Reservation,
+    RunnerStats,
+    is_out_of_memory,
+)
+from mmserver.batching.settings import POLICIES, BatchSettings
+from mmserver.errors import (
+    InvocationTimeout,
+    ModelError,
+    ModelOutOfMemory,
+    ModelUnhealthy,
+    QueueFull,
+    RunnerClosed,
+    summarize_error,
+)
+
+__all__ = [
+    "POLICIES",
+    "BatchPlanner",
+    "BatchRecord",
+    "BatchSettings",
+    "InvocationTimeout",
+    "ModelError",
+    "ModelOutOfMemory",
+    "ModelRunner",
+    "ModelUnhealthy",
+    "Plan",
+    "QueueFull",
+    "Reservation",
+    "RunnerClosed",
+    "RunnerStats",
+    "is_out_of_memory",
+    "summarize_error",
+]

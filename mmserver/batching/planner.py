@@ -1,0 +1,97 @@
+"""The batching policy as a pure function: which queued requests run next, and when.
+
+A :class:`BatchPlanner` looks at the queue and the clock and answers with a
+:class:`Plan`: either the positions of the requests that form the next batch
+now, or how long to sleep before asking again (``None``: until something
+changes). It does no I/O, starts no threads and reads no clock of its own,
+so the policy can be tested and shown in a notebook with made-up arrival
+times, and ``ModelRunner`` stays a thin loop around it.
+
+The rules (see ``mmserver.batching`` for the knobs):
+
+* The oldest queued request leads; only requests with the same batch key
+  (shape beyond dimension 0, dtype, device, structure) join it, in arrival
+  order, while their rows fit in ``max_batch_size``. A request larger than
+  ``max_batch_size`` runs alone.
+* ``timer`` (the book's rule): run when the compatible rows fill a batch or the
+  oldest has waited ``max_wait``.
+* ``greedy``: run as soon as the model is free, unless requests are *on their
+  way* (admitted, body still being decoded); then wait for them at most until
+  the oldest has waited ``max_wait``.
+* Closing: run whatever is queued at once.
+* Without concatenation (user code that is not row-wise) every request is a
+  batch of its own, oldest first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable, Sequence
+from typing import Protocol
+
+
+class Pending(Protocol):
+    """What the planner needs to know of a queued request."""
+
+    rows: int
+    key: Hashable
+    arrival: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """``take``: queue positions of the next batch (empty: none yet); else sleep ``wait``."""
+
+    take: tuple[int, ...] = ()
+    wait: float | None = None
+
+
+WAIT_FOR_NEWS = Plan()
+
+
+class BatchPlanner:
+    def __init__(self, *, policy: str, max_batch_size: int, max_wait: float,
+                 concatenate: bool = True):
+        self.policy = policy
+        self.max_batch_size = max_batch_size
+        self.max_wait = max_wait
+        self.concatenate = concatenate
+
+    def plan(self, queue: Sequence[Pending], *, now: float, on_the_way: int = 0,
+             closing: bool = False) -> Plan:
+        """The next step for ``queue`` (oldest first) at time ``now``.
+
+        ``on_the_way`` counts requests admitted but not yet queued (still decoding).
+        """
+        if not queue:
+            return WAIT_FOR_NEWS
+        if not self.concatenate:
+            return Plan(take=(0,))
+        batch = self.compatible(queue)
+        full = sum(queue[i].rows for i in batch) >= self.max_batch_size or (
+            len(batch) < len(queue) and self._next_would_overflow(queue, batch))
+        if closing or full:
+            return Plan(take=batch)
+        if self.policy == "greedy" and on_the_way == 0:
+            return Plan(take=batch)
+        remaining = self.max_wait - (now - queue[0].arrival)
+        if remaining <= 0:
+            return Plan(take=batch)
+        return Plan(wait=remaining)
+
+    def compatible(self, queue: Sequence[Pending]) -> tuple[int, ...]:
+        """Positions of the requests that would run with the oldest, if it ran now."""
+        oldest = queue[0]
+        taken, rows = [0], oldest.rows
+        for position in range(1, len(queue)):
+            request = queue[position]
+            if request.key == oldest.key and rows + request.rows <= self.max_batch_size:
+                taken.append(position)
+                rows += request.rows
+        return tuple(taken)
+
+    def _next_would_overflow(self, queue: Sequence[Pending], batch: tuple[int, ...]) -> bool:
+        """A compatible request is queued that does not fit: waiting longer cannot help."""
+        oldest_key = queue[0].key
+        chosen = set(batch)
+        return any(queue[i].key == oldest_key for i in range(len(queue)) if i not in chosen)

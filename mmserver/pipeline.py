@@ -1,0 +1,113 @@
+"""The invocation pipeline: one request's body to its encoded answer, every wait bounded.
+
+The steps, in order, and what each answers when it fails (``app`` turns the
+errors into status codes):
+
+1. **Admission, before the body is read.** A full queue (503), a stuck model
+   (503) or a body whose ``Content-Length`` is over the payload limit (413)
+   is refused without reading a byte, so an overloaded server spends nothing
+   on requests it would throw away. The ``Accept`` header is checked too
+   (406) when the default encoders answer.
+2. **The body**, read within ``body_timeout_seconds`` (408). A slow or
+   incomplete body holds *no* queue slot: the slot is taken only once the
+   body has arrived, so a thousand trickling sockets cannot fill a queue.
+3. **A slot**, then **decoding.** Small bodies for the default decoders are
+   decoded on the event loop (a thread handoff would cost more than the
+   work); large bodies and images in the server's decode threads; a model's
+   own ``input_fn`` in that model's threads, so a slow one stalls nobody else.
+4. **The model**, through the model's ``ModelRunner``.
+5. **Encoding**, by the defaults on the loop or by the model's ``output_fn``
+   in its threads.
+
+Steps 3 to 5 together are bounded by ``model_server_timeout_seconds`` (504).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from mmserver import codecs
+from mmserver.config import Settings
+from mmserver.errors import BodyTimeout, InvocationTimeout, PayloadTooLarge
+from mmserver.handlers import RequestContext
+from mmserver.registry import ModelEntry
+from mmserver.workers import WorkerPool
+
+
+@dataclasses.dataclass(frozen=True)
+class Invocation:
+    """One invoke request as the pipeline sees it: headers it needs and a way to read the body."""
+
+    context: RequestContext
+    content_length: int | None
+    #: Reads the whole body, raising PayloadTooLarge past the given number of bytes.
+    read_body: Callable[[int], Awaitable[bytes]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    body: bytes
+    content_type: str
+
+
+class InvocationPipeline:
+    """Runs invocations against loaded models under one server's settings."""
+
+    def __init__(self, settings: Settings, decode_pool: WorkerPool | None = None):
+        self.settings = settings
+        self.decode_pool = decode_pool or WorkerPool("decode", workers=2)
+
+    def close(self) -> None:
+        self.decode_pool.close()
+
+    async def run(self, entry: ModelEntry, invocation: Invocation) -> Answer:
+        settings, handler, context = self.settings, entry.handler, invocation.context
+        length = invocation.content_length
+        if length is not None and length > settings.max_payload_bytes:
+            raise PayloadTooLarge(
+                f"the body is {length} bytes; the limit is {settings.max_payload_bytes} "
+                "(SAGEMAKER_MAX_PAYLOAD_IN_MB)")
+        entry.runner.check_admission()
+        if not handler.checks_accept_itself:
+            codecs.negotiate(context.accept)
+        body = await self._read_body(invocation)
+        try:
+            async with asyncio.timeout(settings.model_server_timeout_seconds):
+                with entry.runner.reserve() as slot:
+                    data = await self._decode(entry, body, context)
+                    rows = await slot.submit(data)
+                payload, content_type = await self._encode(entry, rows, context)
+        except TimeoutError:
+            raise InvocationTimeout(
+                f"model {entry.name!r} did not answer within "
+                f"{settings.model_server_timeout_seconds:g} s "
+                "(SAGEMAKER_MODEL_SERVER_TIMEOUT)") from None
+        return Answer(payload, content_type.split(";")[0])
+
+    async def _read_body(self, invocation: Invocation) -> bytes:
+        timeout = self.settings.body_timeout_seconds
+        try:
+            async with asyncio.timeout(timeout):
+                return await invocation.read_body(self.settings.max_payload_bytes)
+        except TimeoutError:
+            raise BodyTimeout(f"the request body did not arrive within {timeout:g} s "
+                              "(MMSERVER_BODY_TIMEOUT)") from None
+
+    async def _decode(self, entry: ModelEntry, body: bytes, context: RequestContext) -> Any:
+        handler = entry.handler
+        if handler.has_user_codecs:
+            return await entry.codec_pool.run(handler.decode, body, context)
+        if len(body) >= self.settings.decode_in_thread_bytes or \
+                codecs.media_type(context.content_type).startswith("image/"):
+            return await self.decode_pool.run(handler.decode, body, context)
+        return handler.decode(body, context)
+
+    async def _encode(self, entry: ModelEntry, rows: Any,
+                      context: RequestContext) -> tuple[bytes, str]:
+        handler = entry.handler
+        if handler.has_user_codecs:
+            return await entry.codec_pool.run(handler.encode, rows, context)
+        return handler.encode(rows, context)

@@ -1,0 +1,95 @@
+"""Worker threads that user code can never use to hold the process hostage.
+
+``loop.run_in_executor`` with a ``ThreadPoolExecutor`` has two flaws for code
+we do not control: its threads are joined when the interpreter exits, so a
+``predict_fn`` that never returns keeps a stopped server alive for ever; and a
+pool shared by everything is used up by a few calls that hang. A
+:class:`WorkerPool` runs calls on *daemon* threads, so the process can always
+exit, and each kind of work gets its own pool, so a stuck model only ever
+holds its own threads.
+
+Exceptions that would end a thread or the process (``SystemExit`` from a
+script's ``sys.exit()``, ``KeyboardInterrupt``) are handed back to the caller
+as :class:`UserCodeExit`, an ordinary ``Exception``, so they fail the call that
+raised them and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_counter = itertools.count()
+
+
+class UserCodeExit(Exception):
+    """User code raised ``SystemExit`` or ``KeyboardInterrupt``; the server stays up."""
+
+
+def _deliver(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.done():  # the caller gave up (timeout, cancelled client)
+        return
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
+
+
+class WorkerPool:
+    """``workers`` daemon threads taking calls in arrival order; threads start on first use."""
+
+    def __init__(self, name: str, workers: int = 1):
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        self.name = name
+        self.workers = workers
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    def run(self, function: Callable[..., Any], *args: Any) -> asyncio.Future:
+        """Schedule ``function(*args)``; await the returned future on the running loop."""
+        if self._closed:
+            raise RuntimeError(f"worker pool {self.name!r} is closed")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._jobs.put((loop, future, function, args))
+        if len(self._threads) < self.workers and self._jobs.qsize() > 0:
+            self._start_thread()
+        return future
+
+    def _start_thread(self) -> None:
+        thread = threading.Thread(target=self._work, daemon=True,
+                                  name=f"mmserver-{self.name}-{next(_counter)}")
+        self._threads.append(thread)
+        thread.start()
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            loop, future, function, args = job
+            result = error = None
+            try:
+                result = function(*args)
+            except Exception as raised:  # noqa: BLE001 - the caller's answer
+                error = raised
+            except BaseException as raised:  # noqa: BLE001 - never end the thread or process
+                error = UserCodeExit(f"{raised.__class__.__name__}: {raised}")
+                error.__cause__ = raised
+            try:
+                loop.call_soon_threadsafe(_deliver, future, result, error)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                pass
+            del job, future, result, error
+
+    def close(self) -> None:
+        """Let the threads end once their current call returns; a stuck one is abandoned."""
+        self._closed = True
+        for _ in self._threads:
+            self._jobs.put(None)
