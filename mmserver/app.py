@@ -26,6 +26,7 @@ import logging
 import math
 import time
 from http import HTTPStatus
+from pathlib import Path
 
 from aiohttp import hdrs, web
 
@@ -64,6 +65,7 @@ STATUS_BY_ERROR: dict[type[BaseException], int] = {
 }
 
 TARGET_MODEL_HEADER = "X-Amzn-SageMaker-Target-Model"
+OPENAPI_FILE = Path(__file__).with_name("openapi.json")
 #: The ``model`` label of invocations of a name that is not loaded.
 UNKNOWN_MODEL_LABEL = "(not loaded)"
 CUSTOM_ATTRIBUTES_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
@@ -280,6 +282,11 @@ async def ping(request: web.Request) -> web.Response:
     return web.json_response({"status": "Healthy"})
 
 
+async def openapi(request: web.Request) -> web.Response:
+    """The OpenAPI description of these routes, shipped with the package."""
+    return web.Response(body=OPENAPI_FILE.read_bytes(), content_type="application/json")
+
+
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=request.app[METRICS].exposition(),
                         headers={hdrs.CONTENT_TYPE: CONTENT_TYPE_LATEST})
@@ -305,6 +312,7 @@ def create_app(settings: Settings | None = None) -> web.Application:
     app.router.add_post("/invocations", invocations)
     app.router.add_get("/ping", ping)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)
     app.on_startup.append(_preload)
     app.on_shutdown.append(_drain)
     return app
