@@ -12,25 +12,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from mmserver.testing import (
+    LOG_TAIL_CHARS,
+    ServerProcess,
+    sample_value,
+    scrape_metrics,
+    taskset_prefix,
+)
+
 SERVER_CPU = "0"
 LOAD_CPU = "1"
 REPO = Path(__file__).resolve().parents[1]
+#: One intra-op thread, so the server's core is all it uses.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 class NoOp(torch.nn.Module):
@@ -77,59 +84,25 @@ def median_call_seconds(model, x: torch.Tensor, repeats: int = 30, warmup: int =
     return statistics.median(times)
 
 
-def pinned(cpu: str) -> list[str]:
-    return ["taskset", "-c", cpu] if shutil.which("taskset") and os.cpu_count() > 1 else []
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not answer within {timeout} s")
-
-
 @contextlib.contextmanager
-def process(command: list[str], ready_url: str) -> Iterator[subprocess.Popen]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    try:
-        wait_for(ready_url)
-        yield proc
-    except BaseException:
-        log.seek(0)
-        sys.stderr.write(log.read().decode(errors="replace")[-4000:])
-        raise
-    finally:
-        proc.terminate()
+def serving(server: ServerProcess) -> Iterator[ServerProcess]:
+    """Start ``server``, stop it afterwards; if the benchmark fails, its log tail on stderr."""
+    with server:
         try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            yield server
+        except BaseException:
+            sys.stderr.write(server.log()[-LOG_TAIL_CHARS:])
+            raise
 
 
 @contextlib.contextmanager
 def mmserver(model_root: Path, preload: dict[str, Path], *extra: str) -> Iterator[str]:
-    """An mmserver process pinned to the server core; yields its base url."""
-    port = free_port()
-    command = [*pinned(SERVER_CPU), sys.executable, "-m", "mmserver", "serve", "--port",
-               str(port), "--model-root", str(model_root), "--no-access-log",
-               "--log-level", "WARNING", *extra]
+    """An mmserver process pinned to the server core, one torch thread; yields its base url."""
+    args = ["--model-root", str(model_root), "--no-access-log", "--log-level", "WARNING", *extra]
     for name, path in preload.items():
-        command += ["--preload", f"{name}={path}"]
-    base = f"http://127.0.0.1:{port}"
-    with process(command, base + "/ping"):
-        yield base
+        args += ["--preload", f"{name}={path}"]
+    with serving(ServerProcess(args, env=ONE_THREAD, cpus=SERVER_CPU, cwd=REPO)) as server:
+        yield server.url
 
 
 def generator_name() -> str:
@@ -154,7 +127,7 @@ def _wrk(url, body, content_type, connections, seconds) -> dict[str, float]:
             f'wrk.headers["Content-Type"] = "{content_type}"\n'
             f'local f = io.open("{body_file}", "rb")\nwrk.body = f:read("*all")\nf:close()\n')
         result = subprocess.run(
-            [*pinned(LOAD_CPU), "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s",
+            [*taskset_prefix(LOAD_CPU), "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s",
              "--latency", "-s", str(script), url],
             capture_output=True, text=True, check=True)
     out = result.stdout
@@ -197,19 +170,14 @@ def saturate_model(base: str, name: str, body: bytes, content_type: str, *, conn
     """
     url = f"{base}/models/{name}/invoke"
     closed_loop(url, body, content_type, connections=connections, seconds=warmup_seconds)
-    before = scrape_histogram(base, "mmserver_batch_size_rows", name)
+    before = scrape_metrics(base)
     result = closed_loop(url, body, content_type, connections=connections, seconds=seconds)
-    after = scrape_histogram(base, "mmserver_batch_size_rows", name)
-    batches = after[1] - before[1]
-    return result, (after[0] - before[0]) / batches if batches else 0.0
+    after = scrape_metrics(base)
 
+    def delta(sample_name: str) -> float:
+        return sample_value(after, sample_name, model=name) - sample_value(before, sample_name,
+                                                                           model=name)
 
-def scrape_histogram(base: str, metric: str, model: str) -> tuple[float, float]:
-    """(sum, count) of one model's histogram from /metrics; subtract two to get a window."""
-    with urllib.request.urlopen(base + "/metrics") as response:
-        text = response.read().decode()
-    values = []
-    for suffix in ("_sum", "_count"):
-        match = re.search(rf'^{metric}{suffix}{{model="{model}"}} ([\d.e+-]+)$', text, re.M)
-        values.append(float(match.group(1)) if match else 0.0)
-    return values[0], values[1]
+    batches = delta("mmserver_batch_size_rows_count")
+    return result, delta("mmserver_batch_size_rows_sum") / batches if batches else 0.0
+

@@ -28,7 +28,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
+from mmserver.testing import ServerProcess  # noqa: E402
+
 BODY = json.dumps([[float(i) for i in range(16)]]).encode()
+
+
+class BareServer(ServerProcess):
+    """This file's ``--bare-server PORT``, started, awaited and stopped as mmserver is."""
+
+    def command(self) -> list[str]:
+        return [*self.pinning, sys.executable, __file__, "--bare-server", str(self.port)]
 
 
 def bare_server(port: int) -> None:
@@ -66,11 +75,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         harness.save_torchscript(harness.NoOp(), torch.ones(2, 16), root / "noop")
-        port = harness.free_port()
-        command = [*harness.pinned(harness.SERVER_CPU), sys.executable, __file__,
-                   "--bare-server", str(port)]
-        with harness.process(command, f"http://127.0.0.1:{port}/ping"):
-            url = f"http://127.0.0.1:{port}/invoke"
+        with harness.serving(BareServer(env=harness.ONE_THREAD, cpus=harness.SERVER_CPU,
+                                        cwd=harness.REPO)) as server:
+            url = f"{server.url}/invoke"
             harness.closed_loop(url, BODY, "application/json", connections=args.connections,
                                 seconds=1)
             bare = harness.closed_loop(url, BODY, "application/json",
