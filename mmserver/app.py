@@ -1,6 +1,6 @@
 """The aiohttp application: SageMaker's multi-model contract over HTTP.
 
-Routes (DESIGN.md section 4)::
+Routes (docs/design.md section 4)::
 
     POST   /models                  load {"model_name", "url"}
     GET    /models                  list, ?limit=N&next_page_token=T

@@ -1,6 +1,6 @@
 """The command line: ``mmserver serve`` and ``mmserver examples``.
 
-``serve`` reads the environment (DESIGN.md section 7) and lets flags override
+``serve`` reads the environment (docs/design.md section 9) and lets flags override
 it. SIGTERM and SIGINT stop accepting connections, answer every accepted
 request, and exit within ``Settings.shutdown_timeout_seconds`` (SageMaker
 sends SIGKILL 30 s after SIGTERM).

@@ -3,7 +3,7 @@
 ``python -m mmserver examples DIR`` calls :func:`write_examples`, which writes
 each example to ``DIR/<name>/model/``, the directory a ``url`` names when the
 model is loaded. Each example exists to exercise one kind of artifact the
-server accepts (DESIGN.md section 5), so the notebooks, the integration tests
+server accepts (docs/design.md section 6), so the notebooks, the integration tests
 and the load tests all have something real to serve without downloading
 anything:
 
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 # The files every example writes beside its weights.
 METADATA_FILE = "metadata.json"
-# Per-model batching overrides the server reads at load time (DESIGN.md section 5).
+# Per-model batching overrides the server reads at load time (docs/design.md section 6).
 BATCHING_FILE = "mmserver.json"
 # Where the digits handlers live in this package, and where SageMaker's
 # PyTorch convention expects them inside the model directory.

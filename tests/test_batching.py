@@ -1,4 +1,4 @@
-"""ModelRunner: the batching rules of DESIGN.md section 3, each as a test that fails if broken."""
+"""ModelRunner: the batching rules of docs/design.md section 3, each as a test that fails if broken."""
 
 from __future__ import annotations
 
@@ -190,7 +190,7 @@ def test_a_request_larger_than_max_batch_size_runs_alone_and_whole():
 
 
 def test_the_books_stale_timer_crash_cannot_happen():
-    """Bursts that fill batches while a timer is pending, for many rounds (DESIGN.md 2.3)."""
+    """Bursts that fill batches while a timer is pending, for many rounds (docs/design.md, section 2, defect 3)."""
 
     async def main():
         model = RecordingModel()

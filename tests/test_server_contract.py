@@ -1,4 +1,4 @@
-"""DESIGN.md section 4, route by route, against a real server process over HTTP."""
+"""docs/design.md section 4, route by route, against a real server process over HTTP."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ arrive for it, concatenates compatible ones along dimension 0 into one batch,
 runs the model once in a worker thread and hands each request back exactly its
 own rows.
 
-The knobs (each per runner, so per model):
+The knobs, fields of :class:`BatchSettings` (each per runner, so per model):
 
 ``max_batch_size`` (default 16, rows)
     The most rows one model call sees. A request with more rows than this runs
@@ -33,10 +33,18 @@ The knobs (each per runner, so per model):
     decoded. A lone request to an idle model never waits. With
     ``max_wait = 0`` this is Triton's default dynamic batcher.
 
+Which requests form the next batch, and how long to wait, is decided by a
+:class:`BatchPlanner` (``planner.py``): a pure function of the queue and the
+clock, so the policy can be read, tested and changed on its own.
+
 Guarantees, whatever the policy:
 
 * Only inputs with the same shape beyond dimension 0, the same dtype and the
-  same device share a batch; the oldest queued request decides which.
+  same device share a batch; the oldest queued request decides which. A dict,
+  tuple or list of tensors sharing dimension 0 batches like a tensor
+  (``rows.py``).
+* With ``concatenate=False`` (user code that is not row-wise) each request is
+  a model call of its own, still queued, shed and drained like the others.
 * A request whose caller was cancelled (the client went away) is dropped
   before its batch is formed.
 * If the batched call raises, the runner does not die: the batch is retried
@@ -44,11 +52,12 @@ Guarantees, whatever the policy:
   batch is retried in halves before a single request is declared too big.
 * Every submitted request is answered exactly once: its result, an exception,
   or :class:`QueueFull`. Stopping the runner answers everything it accepted.
-* The model runs in a worker thread under ``torch.inference_mode()``, never on
-  the event loop.
+* The model runs in a daemon worker thread under ``torch.inference_mode()``,
+  never on the event loop. A call that outlives ``call_timeout`` fails its
+  requests, marks the runner unhealthy, and never holds up :meth:`stop`.
 
-This module imports nothing else of the package and no web framework, so a
-notebook can run it on its own.
+The package imports no web framework and, of mmserver, only ``errors`` and
+``workers`` (two leaves), so a notebook can run it on its own.
 """
 
 from mmserver.batching.planner import BatchPlanner, Plan
