@@ -1,0 +1,90 @@
+"""The batching policy alone: made-up queues and clocks, no threads, no sleeps."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from mmserver.batching import BatchPlanner, Plan
+
+
+@dataclasses.dataclass
+class Queued:
+    rows: int
+    arrival: float
+    key: str = "3x64x64 float32 cpu"
+
+
+def planner(policy="timer", max_batch_size=8, max_wait=0.010, concatenate=True) -> BatchPlanner:
+    return BatchPlanner(policy=policy, max_batch_size=max_batch_size, max_wait=max_wait,
+                        concatenate=concatenate)
+
+
+@pytest.mark.parametrize("policy", ["timer", "greedy"])
+def test_an_empty_queue_waits_for_news(policy):
+    assert planner(policy).plan([], now=5.0) == Plan(take=(), wait=None)
+
+
+def test_timer_waits_until_the_oldest_has_waited_max_wait():
+    queue = [Queued(1, arrival=1.000), Queued(1, arrival=1.004)]
+    plan = planner("timer").plan(queue, now=1.006)
+    assert plan.take == () and plan.wait == pytest.approx(0.004)
+    assert planner("timer").plan(queue, now=1.010).take == (0, 1)
+    assert planner("timer").plan(queue, now=7.0).take == (0, 1)
+
+
+def test_timer_runs_at_once_when_the_rows_fill_a_batch():
+    queue = [Queued(3, 1.0), Queued(3, 1.0), Queued(2, 1.0), Queued(1, 1.0)]
+    assert planner("timer").plan(queue, now=1.0).take == (0, 1, 2)
+
+
+def test_a_compatible_request_that_does_not_fit_means_waiting_cannot_help():
+    queue = [Queued(5, 1.0), Queued(5, 1.0)]
+    assert planner("timer").plan(queue, now=1.0).take == (0,)
+
+
+def test_smaller_requests_behind_a_big_one_fill_the_gap_in_arrival_order():
+    queue = [Queued(5, 1.0), Queued(4, 1.0), Queued(2, 1.0), Queued(1, 1.0)]
+    assert planner("timer").plan(queue, now=1.0).take == (0, 2, 3)
+
+
+def test_a_request_larger_than_max_batch_size_runs_alone():
+    queue = [Queued(20, 1.0), Queued(1, 1.0)]
+    assert planner("timer").plan(queue, now=1.0).take == (0,)
+
+
+def test_only_requests_with_the_oldests_key_join_it():
+    queue = [Queued(1, 1.0, "a"), Queued(1, 1.0, "b"), Queued(1, 1.0, "a"), Queued(1, 1.0, "b")]
+    assert planner("greedy").plan(queue, now=1.0).take == (0, 2)
+    assert planner("timer").plan(queue, now=1.0).wait == pytest.approx(0.010)
+
+
+def test_greedy_runs_at_once_when_no_company_is_on_its_way():
+    queue = [Queued(1, arrival=1.0)]
+    assert planner("greedy", max_wait=10.0).plan(queue, now=1.0).take == (0,)
+
+
+def test_greedy_waits_for_requests_on_their_way_but_at_most_max_wait():
+    queue = [Queued(1, arrival=1.0)]
+    greedy = planner("greedy", max_wait=0.2)
+    plan = greedy.plan(queue, now=1.05, on_the_way=2)
+    assert plan.take == () and plan.wait == pytest.approx(0.15)
+    assert greedy.plan(queue, now=1.25, on_the_way=2).take == (0,)
+
+
+def test_greedy_with_max_wait_zero_never_waits():
+    queue = [Queued(1, arrival=1.0)]
+    assert planner("greedy", max_wait=0).plan(queue, now=1.0, on_the_way=5).take == (0,)
+
+
+@pytest.mark.parametrize("policy", ["timer", "greedy"])
+def test_closing_runs_what_is_queued_without_waiting(policy):
+    queue = [Queued(1, arrival=1.0), Queued(1, arrival=1.0)]
+    assert planner(policy, max_wait=30).plan(queue, now=1.0, on_the_way=3,
+                                             closing=True).take == (0, 1)
+
+
+def test_without_concatenation_every_request_runs_alone_oldest_first():
+    queue = [Queued(1, 1.0), Queued(1, 1.0), Queued(1, 1.0)]
+    assert planner("timer", concatenate=False).plan(queue, now=1.0).take == (0,)
