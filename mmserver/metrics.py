@@ -3,6 +3,12 @@
 Each app gets its own ``CollectorRegistry`` so several servers can live in one
 process (tests, notebooks). The runner keeps plain statistics and calls a
 listener after every batch; this module turns those into histograms.
+
+Every series labelled with a model's name is removed when that model is
+unloaded (counters and histograms included), so loading and unloading many
+names does not make ``/metrics`` grow for ever. An answer that arrives after
+its model was unloaded (a call that outlived the drain) is counted under
+``model="(not loaded)"``, the label of invocations of unknown names.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from mmserver.batching import BatchRecord
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: Batch sizes in rows: powers of two up to the largest sensible max_batch_size.
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+#: The ``model`` label of invocations of a name that is not loaded (as ``app`` labels them).
+NOT_LOADED_LABEL = "(not loaded)"
 
 
 disable_created_metrics()  # the *_created series double the output and nobody scrapes them
@@ -54,9 +62,11 @@ class Metrics:
                                   ["model"], registry=r)
         self._request_counters: dict[tuple[str, int], object] = {}
         self._latencies: dict[str, object] = {}
+        self._loaded: set[str] = set()
 
     def model_loaded(self, entry) -> None:
         name = entry.name
+        self._loaded.add(name)
         self.models_loaded.inc()
         self.model_memory.labels(name).set(entry.memory_bytes)
         runner = entry.runner
@@ -64,12 +74,17 @@ class Metrics:
         runner.add_listener(self._batch_observer(name))
 
     def model_unloaded(self, entry) -> None:
+        """Remove every series of the model: gauges, request counts and histograms."""
+        name = entry.name
+        self._loaded.discard(name)
         self.models_loaded.dec()
-        for gauge in (self.model_memory, self.queue_depth):
-            try:
-                gauge.remove(entry.name)
-            except KeyError:
-                pass
+        for metric in (self.model_memory, self.queue_depth, self.latency, self.queue_wait,
+                       self.compute, self.batch_size):
+            _remove_quietly(metric, name)
+        for key in [key for key in self._request_counters if key[0] == name]:
+            del self._request_counters[key]
+            _remove_quietly(self.requests, name, str(key[1]))
+        self._latencies.pop(name, None)
 
     def _batch_observer(self, name: str):
         batch_size = self.batch_size.labels(name)
@@ -85,6 +100,8 @@ class Metrics:
         return observe
 
     def request_done(self, name: str, status: int, seconds: float) -> None:
+        if name not in self._loaded:  # unloaded while this request ran: its series are gone
+            name = NOT_LOADED_LABEL
         counter = self._request_counters.get((name, status))
         if counter is None:  # labels() takes a lock and builds keys: look each child up once
             counter = self._request_counters[(name, status)] = self.requests.labels(
@@ -97,3 +114,11 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _remove_quietly(metric, *labels: str) -> None:
+    """``metric.remove(*labels)``, where a series never observed is no error."""
+    try:
+        metric.remove(*labels)
+    except KeyError:
+        pass
