@@ -8,7 +8,9 @@
 #   TORCH_INDEX_URL  where torch and torchvision come from, which decides the build:
 #                      https://download.pytorch.org/whl/cpu     CPU only (default, smallest)
 #                      https://download.pytorch.org/whl/cu130   CUDA 13.0
-#                      https://pypi.org/simple                  PyPI's Linux build (CUDA 13,
+#                      "" (empty)                               pip's own configured index;
+#                                                               with pip's defaults, torch's
+#                                                               plain Linux build (CUDA 13,
 #                                                               nvidia-* wheels, several GB)
 #                    The versions are always the pins in pyproject.toml.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
@@ -23,12 +25,13 @@ ENV VIRTUAL_ENV=/opt/venv \
 
 # Dependencies first, from pyproject.toml alone, so that editing mmserver/ does not
 # reinstall torch. torch and torchvision come from TORCH_INDEX_URL only (no silent
-# fallback to another build), everything else from the ordinary index.
+# fallback to another build), everything else from pip's configured index; an empty
+# TORCH_INDEX_URL means that index for torch too.
 COPY pyproject.toml docker/requirements.py /tmp/mmserver/
 RUN python3 -m venv "$VIRTUAL_ENV" \
     && python /tmp/mmserver/requirements.py /tmp/mmserver/pyproject.toml --torch > /tmp/torch.txt \
     && python /tmp/mmserver/requirements.py /tmp/mmserver/pyproject.toml > /tmp/requirements.txt \
-    && pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" -r /tmp/torch.txt \
+    && pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} -r /tmp/torch.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt \
     && python -c "import torch, torchvision; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'torchvision', torchvision.__version__)" \
     && rm -rf /tmp/torch.txt /tmp/requirements.txt /tmp/mmserver

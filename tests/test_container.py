@@ -7,8 +7,9 @@ made locally with debootstrap (Debian bookworm, whose python3 is 3.11, standing 
 (indexes, local package directories, CA bundle), mounted read-only into the build.
 
 torch comes from ``TORCH_INDEX_URL``: the Dockerfile's default, PyTorch's CPU index, is
-unreachable here, so the test builds the variant ``TORCH_INDEX_URL=<the host's index>``
-(PyPI's Linux build of the pinned torch, CUDA 13) and says so in its output.
+unreachable here, so the test builds with ``TORCH_INDEX_URL=""``, which means pip's own
+configured index (the host's, mounted; there, the plain Linux build of the pinned torch,
+CUDA 13), and says so in its output.
 
 Cached between runs, keyed by hashes: the base image (by ``docker/base-image.sh``) and
 the built image (by the Dockerfile, the build context, the base image and the pip
@@ -38,7 +39,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SLOW_CODE, Server, free_port, write_code, write_torchscript
+from conftest import SLOW_CODE, write_code, write_torchscript
+from mmserver.testing import RunningServer, free_port, wait_for_ping
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
@@ -220,7 +222,7 @@ def _context_files() -> list[Path]:
 @pytest.fixture(scope="session")
 def image(base_image) -> str:
     settings = _pip_settings()
-    torch_index = settings.pop("index-url", "https://pypi.org/simple")
+    torch_index = ""  # the Dockerfile's "pip's own configured index": the host's, mounted
     pip_conf = "[global]\n" + "".join(f"{k} = {v}\n" for k, v in sorted(settings.items()))
     digest = hashlib.sha256()
     for path in _context_files():
@@ -276,11 +278,12 @@ def _remove_older_images(keep: str) -> None:
 # -- a running container ------------------------------------------------------------
 
 
-class Container(Server):
-    """``podman run IMAGE serve`` as SageMaker starts it; the HTTP client of ``Server``."""
+class Container(RunningServer):
+    """``podman run IMAGE serve`` as SageMaker starts it, and the tests' HTTP client for it."""
 
     def __init__(self, image: str, models: Path, env: dict[str, str]):
         self.port = free_port()
+        super().__init__(f"http://127.0.0.1:{self.port}")
         self.name = f"mmserver-test-{os.getpid()}-{self.port}"
         started = time.monotonic()
         _run(["podman", "run", "--detach", "--name", self.name,
@@ -288,24 +291,14 @@ class Container(Server):
               f"--volume={models}:/opt/ml/models:ro",
               *(f"--env={k}={v}" for k, v in env.items()),
               image, "serve"], timeout=120)
-        self.wait_ready(timeout=120)
+        wait_for_ping(self.url, timeout=120, process=self, log=self.log)
         self.start_seconds = round(time.monotonic() - started, 2)
 
-    def running(self) -> bool:
+    def poll(self) -> int | None:
+        """None while the container runs, else its exit code (as ``Popen.poll``)."""
         state = _run(["podman", "inspect", "--format", "{{.State.Running}}", self.name],
                      check=False)
-        return state.stdout.strip() == "true"
-
-    def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                if self.request("GET", "/ping", timeout=1)[0] == 200:
-                    return
-            if not self.running():
-                raise RuntimeError(f"container exited early:\n{self.log()}")
-            time.sleep(0.1)
-        raise TimeoutError(f"container not ready after {timeout} s:\n{self.log()}")
+        return None if state.stdout.strip() == "true" else self.exit_code()
 
     def log(self) -> str:
         result = _run(["podman", "logs", self.name], check=False)
