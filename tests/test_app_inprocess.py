@@ -1,7 +1,7 @@
 """The HTTP contract, in process: aiohttp's test server over ``create_app(settings)``.
 
-The same requests as ``test_server_contract.py`` would send, without starting a
-subprocess, so the whole contract is checked in seconds.
+The requests ``test_server_contract.py`` sends to a subprocess, sent to the application
+object itself, so the contract is checked in seconds and a failure points at the route.
 What needs a real process (the command line, SIGTERM, the container) stays in the
 subprocess tests. Models are real TorchScript files written by ``conftest``.
 """
