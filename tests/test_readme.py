@@ -32,6 +32,7 @@ README_PORT = 8080
 #: README sections whose curl lines need something else than `make serve`'s server.
 RUN_ELSEWHERE = {
     "Run as a container": "tests/test_container.py sends them to the image it builds",
+    "Securing the management API": "tests/test_reliability.py runs a server with the token",
 }
 HTTP_METHODS = {"GET", "POST", "PUT", "DELETE", "HEAD", "PATCH", "OPTIONS"}
 DEFAULT_STATUS = 200
