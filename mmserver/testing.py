@@ -90,10 +90,18 @@ def wait_for_ping(base_url: str, timeout: float = 120, process: subprocess.Popen
 
     ``process`` is watched (anything with ``poll()``): if it exits first, the error
     says so at once instead of after ``timeout`` seconds. ``log`` returns the
-    server's output; its tail goes into either error.
+    server's output; its tail goes into either error. Without ``log``, an exited
+    ``Popen`` started with ``stdout=PIPE`` gives its output instead.
     """
     def tail() -> str:
-        return log()[-LOG_TAIL_CHARS:] if log is not None else "(no log)"
+        if log is not None:
+            return log()[-LOG_TAIL_CHARS:]
+        stream = getattr(process, "stdout", None)
+        if stream is not None and process.poll() is not None:
+            output = stream.read()
+            return (output.decode(errors="replace") if isinstance(output, bytes)
+                    else output)[-LOG_TAIL_CHARS:]
+        return "(no log)"
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
