@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, Server, free_port, running_server
+from conftest import ROOT, Server, running_server
+from mmserver.testing import free_port
 
 if str(ROOT) not in sys.path:  # loadtests/ is a folder of the repository, not an installed package
     sys.path.insert(0, str(ROOT))
@@ -58,7 +59,7 @@ def run_locust(server: Server, examples: Path, tmp_path: Path, *args: str,
     """``locust -f loadtests --headless ...``; returns ({request name: stats}, output)."""
     prefix = tmp_path / "locust"
     command = [sys.executable, "-m", "locust", "-f", "loadtests", "--headless",
-               "--host", f"http://127.0.0.1:{server.port}", "--only-summary",
+               "--host", server.url, "--only-summary",
                "--csv", str(prefix), "--json-file", str(prefix),
                "--mm-examples-dir", str(examples), *args]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
@@ -76,9 +77,13 @@ def failures(stats: dict) -> int:
 # -- discovery ---------------------------------------------------------------------------
 
 
-def test_every_scenario_is_listed():
-    result = subprocess.run([sys.executable, "-m", "locust", "-f", "loadtests", "--list"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+@pytest.mark.parametrize("directory", ["repository", "elsewhere"])
+def test_every_scenario_is_listed(directory, tmp_path):
+    # From elsewhere, only loadtests/_repo_path.py makes ``loadtests`` importable.
+    cwd = ROOT if directory == "repository" else tmp_path
+    result = subprocess.run([sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests"),
+                             "--list"], cwd=cwd, capture_output=True, text=True, timeout=60,
+                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert result.returncode == 0, result.stderr
     listed = {line.strip() for line in result.stdout.splitlines()}
     assert set(SCENARIOS) <= listed
