@@ -1,0 +1,442 @@
+"""mmserver against its peers, on the same core, under the same closed-loop load.
+
+Every server runs pinned to core 0 with one intra-op torch thread and serves the
+same small CNN (``harness.SmallCNN``, one 3x32x32 ``.npy`` input per request,
+about 12 KB); the load generator runs on core 1. The peers:
+
+* ``mmserver``: ``python -m mmserver serve`` with its defaults, max batch 16, max wait 5 ms;
+* ``book``: the book's design (``notebooks/book_server.py``, its runner and handler
+  behind aiohttp), same batch settings; its runner stacks inputs, so its body holds
+  one 3x32x32 array where the others get 1x3x32x32 (the same 12 KB of data). One
+  change: its defect 3 is fixed from outside (a subclass cancels the previous timer
+  before arming the next), because as printed a stale timer wakes the runner on an
+  empty queue, ``torch.stack([])`` ends it, and the server answers nothing more
+  within seconds of load (0 requests/s at 8 users and more);
+* ``nobatch``: aiohttp, ``np.load`` on the loop, the model on one executor thread, no batching;
+* ``bare``: aiohttp reading the body and answering a constant JSON row: the HTTP limit;
+* ``torchserve``: TorchServe (when ``torchserve`` and ``java`` are installed, e.g.
+  ``pip install torchserve torch-model-archiver``) with batchSize 16, maxBatchDelay 5 ms,
+  one worker, a handler that ``np.load``-s each body (written by this script).
+
+All servers are started at once, then for 1, 8 and 32 closed-loop users the script runs
+rounds of equal windows alternating between the servers (the order rotates each
+round). On a shared machine whose speed drifts, a ratio within one round means more
+than any single figure, so the summary is the median over rounds of
+``mmserver req/s / peer req/s``. Each window reports requests/s, p50 and p99.
+
+The load generator is ``wrk`` (one thread, one connection per user) when installed, else
+an aiohttp closed loop on core 1 (which may itself limit the fastest servers).
+
+Writes ``peers.csv`` (one line per window) and ``peers.md`` (the tables) to ``--out``
+(default ``results/peers``; in quick mode, ``MMSERVER_QUICK=1``, a temporary folder
+unless ``--out`` is given).
+
+Usage: python bench/peers.py [--seconds 10] [--rounds 4] [--users 1,8,32] [--only mmserver,book]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import csv
+import io
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+from mmserver.testing import ServerProcess, free_port, http_request, wait_for_ping  # noqa: E402
+
+INPUT_SHAPE = (3, 32, 32)
+MAX_BATCH_SIZE = 16
+MAX_WAIT_MS = 5
+MAX_QUEUE_SIZE = 256
+QUICK = os.environ.get("MMSERVER_QUICK") == "1"
+BOOK_SERVER = harness.REPO / "notebooks" / "book_server.py"
+PEERS = ("mmserver", "book", "nobatch", "bare", "torchserve")
+ANSWER = b"[[" + b",".join(b"0.0" for _ in range(10)) + b"]]"
+
+
+def npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+ROW = np.random.default_rng(0).random(INPUT_SHAPE, dtype=np.float32)
+BODY = npy(ROW[None])      # one row with its batch dimension: mmserver, nobatch, bare, torchserve
+BOOK_BODY = npy(ROW)       # one input without it: the book's runner stacks inputs
+
+
+# -- the servers -----------------------------------------------------------------
+
+class ScriptServer(ServerProcess):
+    """A Python script with ``--port PORT`` and more arguments, started as mmserver is."""
+
+    def __init__(self, script: Path, args, **kwargs):
+        self.script = script
+        super().__init__(args, **kwargs)
+
+    def command(self) -> list[str]:
+        return [*self.pinning, sys.executable, str(self.script), "--port", str(self.port),
+                *self.args]
+
+
+class TorchServe(ServerProcess):
+    """``torchserve --foreground`` with a config written into ``workdir``; pinned like the rest.
+
+    TorchServe's launcher starts a Java frontend, which starts the Python worker: on
+    stop every process of that tree is ended, by id.
+    """
+
+    def __init__(self, workdir: Path, model_dir: Path, **kwargs):
+        super().__init__([], cwd=workdir, **kwargs)
+        self.workdir, self.model_dir = workdir, model_dir
+        self.config = _torchserve_config(workdir, model_dir, self.port)
+
+    def command(self) -> list[str]:
+        return [*self.pinning, "torchserve", "--start", "--foreground", "--ncs",
+                "--disable-token-auth", "--model-store", str(self.workdir / "store"),
+                "--ts-config", str(self.config), "--models", "cnn=cnn.mar"]
+
+    def start(self, timeout: float = 180) -> TorchServe:
+        super().start(timeout)
+        deadline = time.monotonic() + timeout  # /ping answers before the worker is up
+        while time.monotonic() < deadline:
+            try:
+                if http_request(self.url, "POST", "/predictions/cnn", BODY)[0] == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.stop(signal.SIGKILL)
+        raise TimeoutError(f"TorchServe's model did not answer within {timeout} s:\n"
+                           f"{self.log()[-4000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        import psutil
+
+        try:
+            tree = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.Error:
+            tree = []
+        code = super().stop(sig, timeout)
+        for child in tree:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        return code
+
+
+TORCHSERVE_HANDLER = '''\
+"""Written by bench/peers.py: np.load each body, one batched call, one JSON row per request."""
+import io
+import json
+
+import numpy as np
+import torch
+
+torch.set_num_threads(1)
+_model = None
+
+
+def handle(data, context):
+    global _model
+    if _model is None:
+        model_dir = context.system_properties["model_dir"]
+        _model = torch.jit.load(model_dir + "/model.pt", map_location="cpu").eval()
+    if data is None:
+        return None
+    inputs = [torch.from_numpy(np.load(io.BytesIO(r.get("body") or r.get("data")),
+                                       allow_pickle=False)) for r in data]
+    with torch.inference_mode():
+        rows = _model(torch.cat(inputs)).tolist()
+    return [json.dumps([row]) for row in rows]
+'''
+
+
+def _torchserve_config(workdir: Path, model_dir: Path, port: int) -> Path:
+    store = workdir / "store"
+    store.mkdir(parents=True, exist_ok=True)
+    (workdir / "handler.py").write_text(TORCHSERVE_HANDLER)
+    subprocess.run(["torch-model-archiver", "--model-name", "cnn", "--version", "1.0",
+                    "--serialized-file", str(model_dir / "model.pt"),
+                    "--handler", str(workdir / "handler.py"), "--export-path", str(store),
+                    "--force"], check=True, cwd=workdir)
+    models = ('{"cnn": {"1.0": {"defaultVersion": true, "marName": "cnn.mar", '
+              f'"minWorkers": 1, "maxWorkers": 1, "batchSize": {MAX_BATCH_SIZE}, '
+              f'"maxBatchDelay": {MAX_WAIT_MS}, "responseTimeout": 120}}}}}}')
+    config = workdir / "config.properties"
+    config.write_text("\n".join([
+        f"inference_address=http://127.0.0.1:{port}",
+        f"management_address=http://127.0.0.1:{free_port()}",
+        f"metrics_address=http://127.0.0.1:{free_port()}",
+        f"model_store={store}",
+        f"models={models}",
+        "default_workers_per_model=1",
+        f"job_queue_size={MAX_QUEUE_SIZE}",
+        "disable_token_authorization=true",
+        "disable_system_metrics=true",
+        "install_py_dep_per_model=false",
+        "number_of_netty_threads=1",
+        "netty_client_threads=1",
+        "vmargs=-Xmx512m -XX:+UseSerialGC -XX:ActiveProcessorCount=1",
+        ""]))
+    return config
+
+
+def torchserve_available() -> bool:
+    return all(shutil.which(tool) for tool in ("torchserve", "torch-model-archiver", "java"))
+
+
+def make_servers(root: Path, names: list[str]) -> dict[str, tuple[ServerProcess, str, bytes]]:
+    """name -> (server, invoke path, body). Not started."""
+    pin = {"env": harness.ONE_THREAD, "cpus": harness.SERVER_CPU}
+    model_dir = root / "cnn"
+    batch = ["--max-batch-size", str(MAX_BATCH_SIZE), "--max-wait-ms", str(MAX_WAIT_MS),
+             "--max-queue-size", str(MAX_QUEUE_SIZE)]
+    servers = {}
+    if "mmserver" in names:  # its defaults, access log included, as it would be deployed
+        servers["mmserver"] = (ServerProcess(
+            ["--model-root", str(root), "--preload", f"cnn={model_dir}", "--log-level", "WARNING",
+             *batch], cwd=harness.REPO, **pin), "/models/cnn/invoke", BODY)
+    for kind in ("book", "nobatch", "bare"):
+        if kind in names:
+            servers[kind] = (ScriptServer(Path(__file__).resolve(),
+                                          ["--serve", kind, "--model-dir", str(model_dir), *batch],
+                                          cwd=harness.REPO, **pin), "/invoke",
+                             BOOK_BODY if kind == "book" else BODY)
+    if "torchserve" in names:
+        if torchserve_available():
+            workdir = root / "torchserve"
+            workdir.mkdir()
+            servers["torchserve"] = (TorchServe(workdir, model_dir, **pin),
+                                     "/predictions/cnn", BODY)
+        else:
+            print("torchserve: skipped (needs torchserve, torch-model-archiver and java)")
+    return servers
+
+
+def serve_book(argv: list[str]) -> None:
+    """``--serve book``: ``notebooks/book_server.py``'s ``main`` with defect 3 fixed from outside."""
+    sys.path.insert(0, str(BOOK_SERVER.parent))
+    import book_runner
+    import book_server
+
+    class OneTimer(book_runner.ModelRunner):
+        def schedule_processing_if_needed(self):
+            if self.needs_processing_timer is not None:
+                self.needs_processing_timer.cancel()
+            super().schedule_processing_if_needed()
+
+    book_runner.ModelRunner = OneTimer  # what make_book_app instantiates
+    book_server.main(argv)
+
+
+def serve_peer(kind: str, port: int, model_dir: Path) -> None:
+    """``--serve nobatch|bare``: the two aiohttp baselines this script defines."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from aiohttp import web
+
+    torch.set_num_threads(1)
+    model = torch.jit.load(str(model_dir / "model.pt"), map_location="cpu").eval()
+    executor = ThreadPoolExecutor(1)
+
+    def call(x: torch.Tensor) -> list:
+        with torch.inference_mode():
+            return model(x).tolist()
+
+    async def nobatch(request: web.Request) -> web.Response:
+        x = torch.from_numpy(np.load(io.BytesIO(await request.read()), allow_pickle=False))
+        rows = await asyncio.get_running_loop().run_in_executor(executor, call, x)
+        return web.json_response(rows)
+
+    async def bare(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=ANSWER, content_type="application/json")
+
+    async def ping(request: web.Request) -> web.Response:
+        return web.json_response({"status": "Healthy"})
+
+    app = web.Application()
+    app.router.add_post("/invoke", {"nobatch": nobatch, "bare": bare}[kind])
+    app.router.add_get("/ping", ping)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+# -- the load ----------------------------------------------------------------------
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
+
+
+def _ms(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()
+    return float(value) * _UNITS[unit]
+
+
+def load(url: str, body: bytes, users: int, seconds: float) -> dict[str, float]:
+    """One closed-loop window: requests/s, p50 and p99 in ms, non-2xx answers."""
+    if shutil.which("wrk"):
+        return _wrk(url, body, users, seconds)
+    return asyncio.run(_aiohttp_window(url, body, users, seconds))
+
+
+def _wrk(url: str, body: bytes, users: int, seconds: float) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "body").write_bytes(body)
+        script = Path(tmp) / "post.lua"
+        script.write_text('wrk.method = "POST"\n'
+                          'wrk.headers["Content-Type"] = "application/x-npy"\n'
+                          f'local f = io.open("{Path(tmp) / "body"}", "rb")\n'
+                          'wrk.body = f:read("*all")\nf:close()\n')
+        out = subprocess.run(
+            [*harness.taskset_prefix(harness.LOAD_CPU), "wrk", "-t1", f"-c{users}",
+             f"-d{max(1, round(seconds))}s", "--timeout", "10s", "--latency", "-s", str(script),
+             url], capture_output=True, text=True, check=True).stdout
+    percentile = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.M))
+    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            "p50_ms": _ms(percentile["50"]), "p99_ms": _ms(percentile["99"]),
+            "non_2xx": int(non_2xx.group(1)) if non_2xx else 0}
+
+
+async def _aiohttp_window(url: str, body: bytes, users: int, seconds: float) -> dict[str, float]:
+    import aiohttp
+
+    latencies, non_2xx = [], 0
+    deadline = time.perf_counter() + seconds
+
+    async def user(session):
+        nonlocal non_2xx
+        while (started := time.perf_counter()) < deadline:
+            async with session.post(url, data=body,
+                                    headers={"Content-Type": "application/x-npy"}) as response:
+                await response.read()
+            latencies.append(time.perf_counter() - started)
+            non_2xx += response.status >= 300
+
+    began = time.perf_counter()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=users)) as session:
+        await asyncio.gather(*(user(session) for _ in range(users)))
+    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
+    return {"rps": len(latencies) / (time.perf_counter() - began), "p50_ms": q[49] * 1e3,
+            "p99_ms": q[98] * 1e3, "non_2xx": non_2xx}
+
+
+def _pinned_load_generator() -> None:
+    if hasattr(os, "sched_setaffinity") and harness.taskset_prefix(harness.LOAD_CPU):
+        os.sched_setaffinity(0, {int(harness.LOAD_CPU)})
+
+
+# -- the report --------------------------------------------------------------------
+
+def summarize(rows: list[dict], names: list[str]) -> str:
+    """Markdown: one table per user count (req/s per round, p50, p99, ratio to mmserver)."""
+    lines = []
+    for users in sorted({r["users"] for r in rows}):
+        at = [r for r in rows if r["users"] == users]
+        rounds = sorted({r["round"] for r in at})
+        lines += [f"### {users} closed-loop user{'s' if users > 1 else ''}", "",
+                  "| server | req/s per round | p50 ms | p99 ms | mmserver ÷ server (median of rounds) |",
+                  "|---|---|---|---|---|"]
+        by = {(r["server"], r["round"]): r for r in at}
+        for name in names:
+            mine = [by[name, k] for k in rounds if (name, k) in by]
+            if not mine:
+                continue
+            ratios = [by["mmserver", k]["rps"] / by[name, k]["rps"] for k in rounds
+                      if ("mmserver", k) in by and (name, k) in by and by[name, k]["rps"]]
+            ratio = "—" if name == "mmserver" or not ratios else (
+                f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})")
+            lines.append(
+                f"| {name} | {' / '.join(format(r['rps'], '.0f') for r in mine)} "
+                f"| {statistics.median(r['p50_ms'] for r in mine):.2f} "
+                f"| {statistics.median(r['p99_ms'] for r in mine):.2f} | {ratio} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=1 if QUICK else 10)
+    parser.add_argument("--rounds", type=int, default=1 if QUICK else 4)
+    parser.add_argument("--users", default="1,8,32")
+    parser.add_argument("--only", default=",".join(PEERS), help="servers to run, comma-separated")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--serve", choices=("book", "nobatch", "bare"), help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
+    args, rest = parser.parse_known_args()
+    if args.serve == "book":
+        serve_book(["--port", str(args.port), "--model-dir", str(args.model_dir), *rest])
+        return
+    if args.serve:
+        serve_peer(args.serve, args.port, args.model_dir)
+        return
+
+    # Tools installed beside this interpreter (torchserve in a virtual environment) are found too.
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    names = [n for n in PEERS if n in args.only.split(",")]
+    users = [int(u) for u in args.users.split(",")]
+    out = args.out or (Path(tempfile.mkdtemp(prefix="peers-")) if QUICK
+                       else harness.REPO / "results" / "peers")
+    print(f"load: {'wrk' if shutil.which('wrk') else 'aiohttp closed loop'} on core "
+          f"{harness.LOAD_CPU}; servers on core {harness.SERVER_CPU}; {args.rounds} rounds of "
+          f"{args.seconds:g} s per server and user count; body {len(BODY)} bytes")
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        root = Path(tmp)
+        torch.manual_seed(0)
+        harness.save_torchscript(harness.SmallCNN(), torch.randn(2, *INPUT_SHAPE), root / "cnn")
+        servers = make_servers(root, names)
+        for name, (server, _, _) in servers.items():
+            stack.enter_context(harness.serving(server))
+        names = [n for n in names if n in servers]
+        _pinned_load_generator()
+        for n_users in users:
+            for name in names:  # warm-up: connections, allocator, first batches
+                server, path, body = servers[name]
+                load(server.url + path, body, n_users, min(1.0, args.seconds))
+            for round_ in range(args.rounds):
+                order = names[round_ % len(names):] + names[:round_ % len(names)]
+                for name in order:
+                    server, path, body = servers[name]
+                    result = load(server.url + path, body, n_users, args.seconds)
+                    rows.append({"users": n_users, "round": round_, "server": name, **result})
+                    print(f"users={n_users:3d} round={round_} {name:10s} {result['rps']:8.0f} req/s "
+                          f"p50={result['p50_ms']:7.2f} ms p99={result['p99_ms']:7.2f} ms"
+                          f"{'  non-2xx=' + str(result['non_2xx']) if result['non_2xx'] else ''}",
+                          flush=True)
+    table = summarize(rows, names)
+    print()
+    print(table)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "peers.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["users", "round", "server", "rps", "p50_ms",
+                                                    "p99_ms", "non_2xx"])
+        writer.writeheader()
+        writer.writerows(rows)
+    (out / "peers.md").write_text(
+        f"# mmserver and its peers\n\n`python bench/peers.py --seconds {args.seconds:g} "
+        f"--rounds {args.rounds}`: servers on core {harness.SERVER_CPU}, "
+        f"{'wrk' if shutil.which('wrk') else 'an aiohttp closed loop'} on core "
+        f"{harness.LOAD_CPU}, small CNN, one 3x32x32 `.npy` input per request, max batch "
+        f"{MAX_BATCH_SIZE}, max wait {MAX_WAIT_MS} ms.\n\n{table}")
+    print(f"wrote {out / 'peers.csv'} and {out / 'peers.md'}")
+
+
+if __name__ == "__main__":
+    main()
