@@ -12,7 +12,8 @@ anything:
     saved as TorchScript with a ``code/inference.py`` of its own
     (``model_fn``/``input_fn``/``predict_fn``/``output_fn``) that takes PNG,
     JPEG or JSON and answers labels with probabilities. It shows what user
-    code must respect to be batched, and its accuracy shows the whole path
+    code must respect to be batched (and declares it, ``MMSERVER_ROW_WISE =
+    True``, so the server batches it), and its accuracy shows the whole path
     (decode, batch, predict, split, encode) gives right answers.
 ``resnet18``
     TorchScript with the server's default handlers (JSON nested lists in and

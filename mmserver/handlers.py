@@ -1,49 +1,68 @@
-"""Model artifacts: turn a SageMaker-style model directory into a handler.
+"""Model artifacts: a SageMaker-style model directory made servable, as the PyTorch toolkit would.
 
-A model directory holds one of ``model.pt`` (TorchScript), ``model.pt2``
-(``torch.export``), or ``code/inference.py`` (the script name follows
-``SAGEMAKER_PROGRAM``) with any of:
+A model directory holds weights and, optionally, ``code/inference.py`` (the
+name follows ``SAGEMAKER_PROGRAM``), written for SageMaker's PyTorch inference
+toolkit. The script runs unchanged because it is called the way the toolkit
+calls it (docs/design.md section 6 has the side-by-side table):
 
-``model_fn(model_dir)``
-    Build the model once, at load. Default: load ``model.pt`` or ``model.pt2``.
+``pre_model_fn(model_dir)``, ``model_fn(model_dir)``, ``model_warmup_fn(model_dir, model)``
+    Once, at load, in this order. Without ``model_fn``: ``model.pt`` (TorchScript),
+    ``model.pt2`` (``torch.export``), else the only ``*.pt``/``*.pth`` file of the
+    folder, as TorchScript. A module returned by the user's ``model_fn`` is moved
+    to the device and put in eval mode when the default ``predict_fn`` runs it
+    (the toolkit does that on every call).
 ``input_fn(request_body, request_content_type)``
-    Bytes to a tensor whose dimension 0 counts this request's rows.
-    Default: :func:`mmserver.codecs.decode`.
+    The body is a ``str`` when the Content-Type is exactly ``application/json`` or
+    ``text/csv``, else ``bytes``. Any exception here answers 400 (the body was
+    rejected); a ``ValueError`` starting "unsupported content type" answers 415.
 ``predict_fn(data, model)``
-    Called with a *batch*: many requests' rows concatenated along
-    dimension 0, under ``torch.inference_mode()`` in the model's worker
-    thread. It must be row-wise: one output row per input row.
-    Default: ``model(data)``.
+    Under ``torch.inference_mode()`` in the model's own thread. Default: ``model(data)``.
 ``output_fn(prediction, accept)``
-    This request's output rows to ``bytes`` (or ``(bytes, content_type)``).
-    Default: :func:`mmserver.codecs.encode`.
+    Returns ``bytes``/``str`` or ``(body, content_type)``. A missing or ``*/*``
+    Accept arrives as ``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT`` (default JSON).
+``transform_fn(model, request_body, content_type, accept)``
+    Replaces the three above; defining it together with any of them is refused
+    at load (400), as the toolkit refuses it.
 
-``input_fn`` and ``output_fn`` may take a keyword ``context``: a
-:class:`RequestContext` with the request's custom attributes
-(``X-Amzn-SageMaker-Custom-Attributes``). Raise ``ValueError`` for bad input
-(400); raise :class:`mmserver.errors.UnsupportedContentType` (415) or
-:class:`mmserver.errors.NotAcceptable` (406) where they fit. An optional
-``mmserver.json`` beside the model overrides the batching settings.
+Any of them may take one more parameter, whatever its name: the context,
+passed by position (by keyword when that parameter is keyword-only). At load it
+is a :class:`LoadContext`; per request a :class:`RequestContext` with the
+custom attributes. Any other exception at invoke answers 500 with the
+exception's one-line summary; at load, 400 with it (``sys.exit()`` and
+``argparse`` at import included: the server stays up).
+
+**Cross-request batching must never change an answer**, so it is opt-in for
+user code. A model is *row-wise* (many requests' rows are concatenated along
+dimension 0 into one ``predict_fn`` call and the output is split back) when:
+
+1. ``mmserver.json`` says ``"row_wise": true`` or ``false``; else
+2. the script sets ``MMSERVER_ROW_WISE = True`` or ``False``; else
+3. it defines neither ``input_fn`` nor ``predict_fn`` (the defaults are row-wise).
+
+A row-wise ``input_fn`` returns a tensor (or a dict, tuple or list of tensors)
+whose dimension 0 counts this request's rows, and ``predict_fn`` returns one
+output row per input row. Every other script gets one ``predict_fn`` call per
+request with ``input_fn``'s object as it is, and ``output_fn`` gets the whole
+prediction back. ``transform_fn`` is never row-wise.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import inspect
 import json
 import logging
-import sys
-import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from mmserver import codecs
+from mmserver import codecs, user_code
 from mmserver.batching import is_out_of_memory
+from mmserver.batching.rows import moved, rows_of
 from mmserver.errors import (
     InsufficientResources,
     InvalidInput,
@@ -59,11 +78,29 @@ log = logging.getLogger(__name__)
 
 TORCHSCRIPT_FILE = "model.pt"
 EXPORT_FILE = "model.pt2"
+#: Any single file with one of these suffixes is the model when model.pt is absent (the toolkit's rule).
+TOOLKIT_MODEL_SUFFIXES = (".pt", ".pth")
 SETTINGS_FILE = "mmserver.json"
+#: The mmserver.json key, and the script attribute, that declare a script row-wise.
+ROW_WISE_KEY = "row_wise"
+ROW_WISE_ATTRIBUTE = "MMSERVER_ROW_WISE"
+#: Bodies of exactly these Content-Types reach input_fn and transform_fn as str.
+TEXT_TYPES = ("application/json", "text/csv")
 #: Files whose size stands for the model's weights when we estimate its memory before loading.
 WEIGHT_SUFFIXES = (".pt", ".pt2", ".pth", ".bin", ".safetensors", ".ckpt")
 #: Loaded weights take about their size on disk; the margin covers buffers and the runtime.
 MEMORY_ESTIMATE_FACTOR = 1.2
+
+#: Each handler function and the arguments the toolkit passes it (the context comes after).
+HANDLER_PARAMETERS = {
+    "pre_model_fn": ("model_dir",),
+    "model_fn": ("model_dir",),
+    "model_warmup_fn": ("model_dir", "model"),
+    "input_fn": ("request_body", "request_content_type"),
+    "predict_fn": ("data", "model"),
+    "output_fn": ("prediction", "accept"),
+    "transform_fn": ("model", "request_body", "content_type", "accept"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,118 +113,272 @@ class RequestContext:
     custom_attributes: str | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class LoadContext:
+    """The context handed to load-time functions; ``system_properties`` as TorchServe names them."""
+
+    model_dir: str
+    system_properties: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class OneRequest:
+    """A request that is not batched with others: its input (or body) and its context."""
+
+    data: Any
+    context: RequestContext
+
+
+class UserFunction:
+    """A function of the script, called as the toolkit calls it: with the context when it takes one more parameter."""
+
+    def __init__(self, name: str, function: Callable):
+        self.name = name
+        self.function = function
+        self._context_keyword: str | None = None
+        self._takes_context = False
+        expected = len(HANDLER_PARAMETERS[name])
+        try:
+            parameters = list(inspect.signature(function).parameters.values())
+        except (TypeError, ValueError):  # a builtin without a signature: call it plainly
+            return
+        if len(parameters) == expected + 1:
+            self._takes_context = True
+            last = parameters[-1]
+            if last.kind is inspect.Parameter.KEYWORD_ONLY:
+                self._context_keyword = last.name
+            elif last.kind is inspect.Parameter.VAR_KEYWORD:
+                self._context_keyword = "context"
+        elif len(parameters) != expected:
+            raise InvalidModelArtifact(
+                f"{name} takes {len(parameters)} parameters; it is called with {expected} "
+                f"({', '.join(HANDLER_PARAMETERS[name])}), or {expected + 1} with the context")
+
+    def __call__(self, *args: Any, context: Any) -> Any:
+        if not self._takes_context:
+            return self.function(*args)
+        if self._context_keyword is not None:
+            return self.function(*args, **{self._context_keyword: context})
+        return self.function(*args, context)
+
+
 class ModelHandler:
-    """One loaded model and the four functions that serve it."""
+    """One loaded model and the functions that serve it (see the module docstring)."""
 
     def __init__(self, model_dir: Path, *, device: torch.device, program: str = "inference.py"):
         self.model_dir = model_dir
         self.device = device
         self.batch_overrides = _read_settings(model_dir)
-        user = _load_user_code(model_dir, program)
-        self.has_user_code = user is not None
-        self._model_fn = getattr(user, "model_fn", None)
-        self._input_fn = _accepting_context(getattr(user, "input_fn", None))
-        self._predict_fn = getattr(user, "predict_fn", None)
-        self._output_fn = _accepting_context(getattr(user, "output_fn", None))
+        declared_row_wise = self.batch_overrides.pop(ROW_WISE_KEY, None)
+        self._code = _import_user_code(model_dir, program)
+        try:
+            self._load(declared_row_wise)
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self, declared_row_wise: Any) -> None:
+        module = self._code.module if self._code is not None else None
+        self.has_user_code = module is not None
+        functions = {name: UserFunction(name, getattr(module, name))
+                     for name in HANDLER_PARAMETERS if callable(getattr(module, name, None))}
+        self._functions = functions
+        if "transform_fn" in functions and functions.keys() & {"input_fn", "predict_fn", "output_fn"}:
+            raise InvalidModelArtifact(
+                "code defines transform_fn together with input_fn, predict_fn and/or output_fn; "
+                "define transform_fn alone, or the other three")
+        self._load_context = LoadContext(str(self.model_dir), {
+            "model_dir": str(self.model_dir),
+            "gpu_id": self.device.index if self.device.type == "cuda" else None})
+        self._call_at_load("pre_model_fn", str(self.model_dir))
         self.model = self._build_model()
+        self._call_at_load("model_warmup_fn", str(self.model_dir), self.model)
+        self.row_wise = self._decide_row_wise(declared_row_wise, module)
         self.memory_bytes = measured_memory_bytes(self.model)
 
-    def _build_model(self) -> Any:
+    # -- load ---------------------------------------------------------------------------
+
+    def _call_at_load(self, name: str, *args: Any) -> Any:
+        function = self._functions.get(name)
+        if function is None:
+            return None
         try:
-            if self._model_fn is not None:
-                return self._model_fn(str(self.model_dir))
-            return load_default_model(self.model_dir, self.device)
+            return function(*args, context=self._load_context)
         except MMServerError:
             raise
-        except Exception as error:  # noqa: BLE001 - any failure here means a bad artifact
+        except BaseException as error:  # noqa: BLE001 - sys.exit() in a script must not end the server
             if is_out_of_memory(error):
                 raise InsufficientResources(
-                    f"out of memory while loading the model: {error}") from error
-            where = "model_fn" if self._model_fn is not None else "loading the model file"
-            summary = summarize_error(error)
-            raise InvalidModelArtifact(
-                f"{where} raised {error.__class__.__name__}: {summary}") from error
+                    f"out of memory in {name}: {summarize_error(error)}") from error
+            raise InvalidModelArtifact(f"{name} raised {describe_error(error)}") from error
 
-    @property
-    def row_wise(self) -> bool:
-        """Whether requests may be concatenated: always for the default functions."""
-        return self._predict_fn is None and self._input_fn is None
+    def _build_model(self) -> Any:
+        if "model_fn" not in self._functions:
+            try:
+                return load_default_model(self.model_dir, self.device)
+            except MMServerError:
+                raise
+            except Exception as error:  # noqa: BLE001 - any failure here means a bad artifact
+                if is_out_of_memory(error):
+                    raise InsufficientResources(
+                        f"out of memory while loading the model: {error}") from error
+                raise InvalidModelArtifact(
+                    f"loading the model file raised {describe_error(error)}") from error
+        model = self._call_at_load("model_fn", str(self.model_dir))
+        if isinstance(model, torch.nn.Module) and not self._functions.keys() & {
+                "predict_fn", "transform_fn"}:
+            model = model.to(self.device).eval()
+        return model
+
+    def _decide_row_wise(self, declared: Any, module: Any) -> bool:
+        if declared is None:
+            declared = getattr(module, ROW_WISE_ATTRIBUTE, None)
+        if declared is not None and not isinstance(declared, bool):
+            raise InvalidModelArtifact(
+                f"{ROW_WISE_KEY} ({SETTINGS_FILE}) or {ROW_WISE_ATTRIBUTE} (the script) must be "
+                f"true or false, got {declared!r}")
+        if "transform_fn" in self._functions:
+            if declared:
+                raise InvalidModelArtifact(
+                    "transform_fn answers whole requests, so the model cannot be row-wise; "
+                    f"drop {ROW_WISE_KEY}/{ROW_WISE_ATTRIBUTE} or use input_fn/predict_fn/output_fn")
+            return False
+        if declared is not None:
+            return declared
+        return not self._functions.keys() & {"input_fn", "predict_fn"}
+
+    # -- what the pipeline and the runner call ---------------------------------------------
 
     @property
     def has_user_codecs(self) -> bool:
         """User input_fn/output_fn run in the model's own threads, never on the event loop."""
-        return self._input_fn is not None or self._output_fn is not None
+        return bool(self._functions.keys() & {"input_fn", "output_fn"})
 
     @property
     def checks_accept_itself(self) -> bool:
-        return self._output_fn is not None
+        return bool(self._functions.keys() & {"output_fn", "transform_fn"})
 
-    def decode(self, body: bytes, context: RequestContext) -> torch.Tensor:
-        if self._input_fn is None:
-            return codecs.decode(body, context.content_type)
+    def decode(self, body: bytes, context: RequestContext) -> Any:
+        """The request's input for the runner: rows when row-wise, else a :class:`OneRequest`."""
+        if "transform_fn" in self._functions:
+            return OneRequest(_body_for_user_code(body, context.content_type), context)
+        input_fn = self._functions.get("input_fn")
+        if input_fn is None:
+            data = codecs.decode(body, context.content_type)
+        else:
+            data = self._run_input_fn(input_fn, body, context)
+        if not self.row_wise:
+            return OneRequest(data, context)
         try:
-            data = self._input_fn(body, context.content_type, context=context)
-        except MMServerError:
-            raise
-        except (ValueError, TypeError) as error:
-            message = str(error)
-            if message.lower().startswith("unsupported content type"):
-                raise UnsupportedContentType(message) from error
-            raise InvalidInput(f"input_fn rejected the body: {message}") from error
-        if not isinstance(data, torch.Tensor) or data.dim() == 0:
-            raise InvalidModelArtifact(
-                "input_fn must return a tensor whose dimension 0 counts rows, "
-                f"got {type(data).__name__}")
+            rows_of(data)
+        except (TypeError, ValueError) as error:
+            raise ModelError(
+                f"input_fn returned {type(data).__name__}, but a row-wise model needs a tensor "
+                f"(or a dict, tuple or list of tensors) whose dimension 0 counts rows: {error}"
+            ) from error
         return data
 
-    def predict(self, batch: torch.Tensor) -> Any:
-        if self._predict_fn is not None:
-            return self._predict_fn(batch, self.model)
-        return self.model(batch)
-
-    def encode(self, rows: Any, context: RequestContext) -> tuple[bytes, str]:
-        if self._output_fn is None:
-            return codecs.encode(rows, context.accept)
+    def _run_input_fn(self, input_fn: UserFunction, body: bytes, context: RequestContext) -> Any:
+        payload = _body_for_user_code(body, context.content_type)
         try:
-            result = self._output_fn(rows, context.accept, context=context)
+            return input_fn(payload, context.content_type, context=context)
         except MMServerError:
             raise
-        except ValueError as error:
-            message = str(error)
-            if message.lower().startswith("unsupported accept type"):
-                raise NotAcceptable(message) from error
+        except BaseException as error:  # noqa: BLE001 - whatever input_fn raises, the body was refused
+            if isinstance(error, ValueError) and \
+                    str(error).lower().startswith("unsupported content type"):
+                raise UnsupportedContentType(str(error)) from error
+            raise InvalidInput(f"input_fn rejected the body: {describe_error(error)}") from error
+
+    def predict(self, batch: Any) -> Any:
+        """The runner's model: a batch of rows, or one :class:`OneRequest`."""
+        if isinstance(batch, OneRequest):
+            return self._predict_one(batch)
+        predict_fn = self._functions.get("predict_fn")
+        if predict_fn is None:
+            return self.model(batch)
+        return predict_fn(batch, self.model, context=self._load_context)
+
+    def _predict_one(self, request: OneRequest) -> Any:
+        context = request.context
+        transform_fn = self._functions.get("transform_fn")
+        if transform_fn is not None:
+            return transform_fn(self.model, request.data, context.content_type, context.accept,
+                                context=context)
+        data = moved(request.data, self.device)
+        predict_fn = self._functions.get("predict_fn")
+        if predict_fn is None:
+            return self.model(data)
+        return predict_fn(data, self.model, context=context)
+
+    def encode(self, rows: Any, context: RequestContext) -> tuple[bytes, str]:
+        if "transform_fn" in self._functions:
+            return _response(rows, context.accept, "transform_fn")
+        output_fn = self._functions.get("output_fn")
+        if output_fn is None:
+            try:
+                return codecs.encode(_numpy_as_tensors(rows), context.accept)
+            except MMServerError:
+                raise
+            except Exception as error:  # noqa: BLE001 - a prediction the defaults cannot write
+                raise ModelError(f"the default output_fn cannot encode the prediction "
+                                 f"({type(rows).__name__}): {describe_error(error)}") from error
+        try:
+            result = output_fn(rows, context.accept, context=context)
+        except MMServerError:
             raise
-        if isinstance(result, tuple):
-            body, content_type = result
-        else:
-            body, content_type = result, codecs.media_type(context.accept)
-            if content_type in ("*/*", ""):
-                content_type = codecs.JSON
-        if isinstance(body, str):
-            body = body.encode()
-        if not isinstance(body, (bytes, bytearray, memoryview)):
-            raise ModelError(f"output_fn must return bytes or str (optionally with a content "
-                             f"type), got {type(body).__name__}")
-        return bytes(body), content_type
+        except BaseException as error:  # noqa: BLE001 - the client gets a message, never a bare 500
+            if isinstance(error, ValueError) and \
+                    str(error).lower().startswith("unsupported accept type"):
+                raise NotAcceptable(str(error)) from error
+            raise ModelError(f"output_fn raised {describe_error(error)}") from error
+        return _response(result, context.accept, "output_fn")
 
     def close(self) -> None:
-        """Drop the reference to the model so its memory can be freed."""
+        """Drop the model and the modules its code imported, so their memory can be freed."""
         self.model = None
+        if self._code is not None:
+            self._code.close()
+
+
+def describe_error(error: BaseException) -> str:
+    """``Kind: the line that says what went wrong``; a script's exit says what probably caused it."""
+    if isinstance(error, SystemExit):
+        return (f"SystemExit (code {error.code!r}): the script exited, by sys.exit() or by "
+                "argparse parsing the server's command line; guard it with "
+                "if __name__ == '__main__'")
+    if isinstance(error, KeyboardInterrupt):
+        return "KeyboardInterrupt"
+    return f"{error.__class__.__name__}: {summarize_error(error)}"
 
 
 def load_default_model(model_dir: Path, device: torch.device) -> Any:
+    """The PyTorch toolkit's default model_fn, plus ``model.pt2``.
+
+    ``model.pt``, else ``model.pt2``, else the folder's only ``*.pt``/``*.pth`` file.
+    """
     script, exported = model_dir / TORCHSCRIPT_FILE, model_dir / EXPORT_FILE
-    if script.is_file():
+    if exported.is_file() and not script.is_file():
+        return torch.export.load(str(exported)).module().to(device)
+    if not script.is_file():
+        candidates = sorted(p for p in model_dir.iterdir()
+                            if p.is_file() and p.suffix in TOOLKIT_MODEL_SUFFIXES)
+        if len(candidates) != 1:
+            found = f" (found {', '.join(p.name for p in candidates)})" if candidates else ""
+            raise InvalidModelArtifact(
+                f"no model file to load: expected {TORCHSCRIPT_FILE} (TorchScript), "
+                f"{EXPORT_FILE} (torch.export), exactly one .pt or .pth file{found}, "
+                "or code/inference.py with model_fn")
+        script = candidates[0]
+    try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # TorchScript is deprecated, not gone
             model = torch.jit.load(str(script), map_location=device)
-        return model.eval()
-    if exported.is_file():
-        module = torch.export.load(str(exported)).module()
-        return module.to(device)
-    raise InvalidModelArtifact(
-        f"no model file in the model directory: expected {TORCHSCRIPT_FILE} (TorchScript), "
-        f"{EXPORT_FILE} (torch.export) or code/inference.py with model_fn")
+    except RuntimeError as error:
+        raise InvalidModelArtifact(
+            f"{script.name} is not TorchScript ({summarize_error(error)}); a state_dict needs "
+            "code/inference.py with a model_fn that builds the network and loads it") from error
+    return model.eval()
 
 
 def measured_memory_bytes(model: Any) -> int:
@@ -224,34 +415,49 @@ def _read_settings(model_dir: Path) -> dict:
     return overrides
 
 
-def _load_user_code(model_dir: Path, program: str) -> Any:
-    script = model_dir / "code" / program
-    if not script.is_file():
+def _import_user_code(model_dir: Path, program: str) -> user_code.UserCode | None:
+    code_dir = model_dir / "code"
+    if not (code_dir / program).is_file():
         return None
-    module_name = f"mmserver_user_code_{uuid.uuid4().hex}"
-    spec = importlib.util.spec_from_file_location(module_name, script)
-    module = importlib.util.module_from_spec(spec)
-    code_dir = str(script.parent)
-    sys.path.insert(0, code_dir)
     try:
-        spec.loader.exec_module(module)
-    except Exception as error:  # noqa: BLE001 - user code can fail in any way
+        return user_code.import_program(code_dir, program)
+    except BaseException as error:  # noqa: BLE001 - user code can fail in any way, exit included
         raise InvalidModelArtifact(
-            f"code/{program} failed to import: {error.__class__.__name__}: "
-            f"{summarize_error(error)}") from error
-    finally:
-        if sys.path and sys.path[0] == code_dir:
-            sys.path.pop(0)
-    return module
+            f"code/{program} failed to import: {describe_error(error)}") from error
 
 
-def _accepting_context(function: Callable | None) -> Callable | None:
-    """User code may leave out the ``context`` keyword; then it is not passed."""
-    if function is None:
-        return None
+def _body_for_user_code(body: bytes, content_type: str) -> str | bytes:
+    """JSON and CSV bodies as text, others as bytes, as the toolkit hands them over."""
+    if content_type not in TEXT_TYPES:
+        return body
     try:
-        if "context" in inspect.signature(function).parameters:
-            return function
-    except (TypeError, ValueError):
-        pass
-    return lambda *args, context: function(*args)
+        return body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InvalidInput(f"the {content_type} body is not UTF-8: {error}") from None
+
+
+def _response(result: Any, accept: str, source: str) -> tuple[bytes, str]:
+    """``body`` or ``(body, content_type)``; a bare body is labelled with the Accept type."""
+    if isinstance(result, tuple) and len(result) == 2:
+        body, content_type = result
+    else:
+        body, content_type = result, accept.split(",")[0].strip()
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    if not isinstance(body, (bytes, bytearray, memoryview)):
+        raise ModelError(f"{source} must return bytes or str, optionally as (body, content_type); "
+                         f"got {type(body).__name__}")
+    if not isinstance(content_type, str) or not content_type or "*" in content_type:
+        content_type = codecs.JSON
+    return bytes(body), content_type
+
+
+def _numpy_as_tensors(output: Any) -> Any:
+    """The default encoders write tensors; a predict_fn may return NumPy arrays instead."""
+    if isinstance(output, np.ndarray) and output.dtype.kind in "biuf":
+        return torch.from_numpy(np.ascontiguousarray(output))
+    if isinstance(output, Mapping):
+        return {k: _numpy_as_tensors(v) for k, v in output.items()}
+    if isinstance(output, (tuple, list)):
+        return type(output)(_numpy_as_tensors(v) for v in output)
+    return output

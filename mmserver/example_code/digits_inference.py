@@ -5,7 +5,9 @@ This is user code in the SageMaker PyTorch convention: the server calls
 that may hold many requests' rows) and ``output_fn`` (on this request's rows
 only). It shows what a model's own code must respect to be batched:
 ``predict_fn`` is purely row-wise, and all per-request work (decoding,
-validation, formatting) lives in ``input_fn`` and ``output_fn``.
+validation, formatting) lives in ``input_fn`` and ``output_fn``. Because
+batching other requests' rows must never change an answer, mmserver batches
+user code only when it says it may: ``MMSERVER_ROW_WISE = True`` below.
 
 The model is a TorchScript CNN trained on scikit-learn's 8x8 digits: it takes
 float32 rows of shape (1, 8, 8) holding values 0..16, bright strokes on a dark
@@ -28,13 +30,25 @@ per row: ``{"label": 3, "probabilities": [0.0001, ...]}``.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import warnings
 
+import PIL.Image
 import torch
 import torchvision
 from torchvision.transforms.v2 import functional as F
+
+try:  # served by mmserver: too many pixels answers 413
+    from mmserver.errors import PayloadTooLarge
+except ImportError:  # elsewhere: a plain rejection of the body
+    PayloadTooLarge = ValueError
+
+# Every function here is row-wise: input_fn returns rows along dimension 0 and
+# predict_fn answers one row per row, so mmserver may run many requests' rows
+# in one call (see the docstring of predict_fn).
+MMSERVER_ROW_WISE = True
 
 # The training data's pixel scale: scikit-learn's digits count 0..16 "on"
 # cells of a 4x4 block, so 16 is full brightness.
@@ -44,6 +58,9 @@ SIDE = 8
 # The model's 10 classes are the digits 0..9; probabilities are rounded to
 # this many places, enough to read and small on the wire.
 PROBABILITY_DIGITS = 4
+# A small PNG can hold gigabytes of pixels (a decompression bomb); the size is
+# read from the header and anything larger is refused before decoding.
+MAX_IMAGE_PIXELS = 25_000_000
 
 _JSON = "application/json"
 _IMAGE_TYPES = ("image/png", "image/jpeg")
@@ -156,6 +173,7 @@ def _decode_grey_image(body):
     """Decode PNG or JPEG bytes (whichever they are) to a (1, H, W) uint8 tensor."""
     if not body:
         raise ValueError("the body is empty; expected a PNG or JPEG image")
+    _check_pixel_count(body)
     try:
         return torchvision.io.decode_image(
             torch.frombuffer(bytearray(body), dtype=torch.uint8),
@@ -163,6 +181,20 @@ def _decode_grey_image(body):
         )
     except RuntimeError as error:
         raise ValueError(f"the body is not a readable PNG or JPEG image: {error}") from None
+
+
+def _check_pixel_count(body):
+    """Refuse an image with more than MAX_IMAGE_PIXELS pixels, reading only its header."""
+    try:
+        with PIL.Image.open(io.BytesIO(body)) as header:
+            width, height = header.size
+    except PIL.Image.DecompressionBombError as error:
+        raise PayloadTooLarge(f"the image has too many pixels: {error}") from None
+    except (PIL.UnidentifiedImageError, OSError) as error:
+        raise ValueError(f"the body is not a readable PNG or JPEG image: {error}") from None
+    if width * height > MAX_IMAGE_PIXELS:
+        raise PayloadTooLarge(
+            f"the image is {width}x{height} pixels; at most {MAX_IMAGE_PIXELS} are decoded")
 
 
 def _to_digit_row(image):
