@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmserver.testing import ServerProcess, free_port  # noqa: F401 (tests import it from here)
+from mmserver.testing import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,6 +47,8 @@ def write_code(model_dir: Path, source: str, *, with_affine: bool = False) -> Pa
 SLOW_CODE = """
     import time, torch
 
+    MMSERVER_ROW_WISE = True  # predict_fn is row-wise: the server may batch requests
+
     def model_fn(model_dir):
         return None
 
@@ -57,6 +59,8 @@ SLOW_CODE = """
 
 FAILING_CODE = """
     import torch
+
+    MMSERVER_ROW_WISE = True  # predict_fn is row-wise: the server may batch requests
 
     def model_fn(model_dir):
         return None
@@ -69,6 +73,8 @@ FAILING_CODE = """
 
 OOM_CODE = """
     import torch
+
+    MMSERVER_ROW_WISE = True  # predict_fn is row-wise: the server may batch requests
 
     def model_fn(model_dir):
         return None

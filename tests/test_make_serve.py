@@ -16,7 +16,8 @@ import torch
 import torchvision.io
 from sklearn.datasets import load_digits
 
-from conftest import ROOT, free_port
+from conftest import ROOT
+from mmserver.testing import free_port
 
 
 def post(url: str, body: bytes, content_type: str) -> tuple[int, bytes]:

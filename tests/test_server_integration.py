@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import http.client
 import json
 import random
 import signal
@@ -12,7 +11,6 @@ import threading
 import time
 
 import psutil
-import pytest
 
 from conftest import running_server, write_torchscript
 
