@@ -524,3 +524,28 @@ def test_the_only_pth_file_is_the_model(server, loaded):
     for accept in (NO_ACCEPT, ANY_ACCEPT, JSON):
         status, _, raw = post(server, name, b"[[1, 2, 3]]", accept=accept)
         assert (status, json.loads(raw)) == (200, [[3.0, 5.0, 7.0]])
+
+
+# -- the digits example ----------------------------------------------------------------------
+
+
+def test_digits_refuses_an_image_bomb_from_its_header_and_still_batches(tmp_path):
+    import torchvision
+
+    from mmserver.examples import write_examples
+
+    folder = write_examples(tmp_path, names=["digits"])["digits"]
+    with running_server(["--model-root", str(tmp_path), "--no-access-log"]) as server:
+        assert server.load("digits", folder)[0] == 200
+        bomb = torchvision.io.encode_png(torch.zeros(1, 6000, 6000, dtype=torch.uint8))
+        status, _, raw = post(server, "digits", bytes(bomb.numpy()), "image/png")
+        body = json.loads(raw)
+        assert (status, body["type"]) == (413, "PayloadTooLarge")
+        assert body["message"] == "the image is 6000x6000 pixels; at most 25000000 are decoded"
+        rows = [[[float((i + j) % 17)] * 8] * 8 for j in range(2) for i in range(CONCURRENCY)]
+        alone = [json.loads(post(server, "digits", json.dumps([row]))[2])[0] for row in rows]
+        batches_before = stats(server, "digits")["batches"]
+        together = concurrently([lambda row=row: post(server, "digits", json.dumps([row]))
+                                 for row in rows])
+        assert [json.loads(raw)[0] for _, _, raw in together] == alone
+        assert stats(server, "digits")["batches"] - batches_before < len(rows)  # calls were shared
