@@ -1,0 +1,86 @@
+"""Property-based fuzzing of the HTTP API from its own OpenAPI description.
+
+schemathesis turns ``mmserver/openapi.json`` into request strategies for every
+operation; hypothesis draws requests from them and sends them to a real server
+process. Whatever arrives, the server must answer with a status the description
+documents for that operation, never a 5xx (the target model, ``y = 2x + 1``,
+accepts any numeric tensor, so no model error is expected), and every error as
+JSON ``{"code", "type", "message"}``. Afterwards ``/ping`` answers and the known
+model still answers exactly.
+
+Quick by default (``MMSERVER_QUICK=1``: a few dozen examples per operation);
+``MMSERVER_FUZZ_EXAMPLES=2000`` fuzzes each operation that many times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+schemathesis = pytest.importorskip("schemathesis")
+from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from conftest import running_server, write_torchscript  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = schemathesis.openapi.from_path(str(ROOT / "mmserver" / "openapi.json"))
+OPERATIONS = [result.ok() for result in SCHEMA.get_all_operations()]
+QUICK = os.environ.get("MMSERVER_QUICK") == "1"
+EXAMPLES = int(os.environ.get("MMSERVER_FUZZ_EXAMPLES") or (20 if QUICK else 60))
+KNOWN_MODEL = "fuzz-affine"
+#: Operations that name a model: half the examples aim at the loaded one instead of a random name.
+AIMED = {"GET /models/{name}", "POST /models/{name}/invoke", "POST /invocations"}
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fuzz-models")
+    write_torchscript(root / "affine")
+    with running_server(["--model-root", str(root), "--no-access-log"],
+                        {"SAGEMAKER_MAX_PAYLOAD_IN_MB": "1"}) as server:
+        assert server.load(KNOWN_MODEL, "affine")[0] == 200
+        yield server
+        # The server survived everything: healthy, and the known model still exact.
+        assert server.request("GET", "/ping", timeout=10)[0] == 200
+        assert server.invoke(KNOWN_MODEL, [[1.0, 2.0]], timeout=10) == (200, [[3.0, 5.0]])
+
+
+def check_response(operation, response) -> None:
+    status = response.status_code
+    where = f"{operation.label} answered {status}: {response.text[:300]!r}"
+    assert status < 500, where
+    documented = operation.definition.raw["responses"]
+    assert str(status) in documented, where
+    if status >= 400:
+        content_type = (response.headers.get("content-type") or [""])[0]
+        assert content_type.startswith("application/json"), where
+        body = json.loads(response.content)
+        assert isinstance(body, dict) and set(body) == {"code", "type", "message"}, where
+        assert body["code"] == status and isinstance(body["type"], str), where
+        assert isinstance(body["message"], str) and body["message"], where
+
+
+@pytest.mark.parametrize("operation", OPERATIONS, ids=[op.label for op in OPERATIONS])
+def test_fuzz_operation(fuzz_server, operation):
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
+              phases=[Phase.explicit, Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(case=operation.as_strategy(), aimed=st.booleans())
+    def fuzz(case, aimed):
+        if aimed and operation.label in AIMED:
+            if operation.label == "POST /invocations":
+                case.headers = {**(case.headers or {}),
+                                "X-Amzn-SageMaker-Target-Model": KNOWN_MODEL}
+            else:
+                case.path_parameters = {**case.path_parameters, "name": KNOWN_MODEL}
+        response = case.call(base_url=fuzz_server.url, timeout=30)
+        check_response(operation, response)
+
+    fuzz()
+    assert fuzz_server.request("GET", "/ping", timeout=10)[0] == 200
