@@ -3,7 +3,9 @@
 A model directory holds weights and, optionally, ``code/inference.py`` (the
 name follows ``SAGEMAKER_PROGRAM``), written for SageMaker's PyTorch inference
 toolkit. The script runs unchanged because it is called the way the toolkit
-calls it (docs/design.md section 6 has the side-by-side table):
+calls it (docs/design.md section 6 has the side-by-side table; how each
+function is called lives in :mod:`mmserver.toolkit`, how ``code/`` is imported
+so that it stays the model's own in :mod:`mmserver.user_code`):
 
 ``pre_model_fn(model_dir)``, ``model_fn(model_dir)``, ``model_warmup_fn(model_dir, model)``
     Once, at load, in this order. Without ``model_fn``: ``model.pt`` (TorchScript),
@@ -49,15 +51,12 @@ prediction back. ``transform_fn`` is never row-wise.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import logging
 import warnings
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from mmserver import codecs, user_code
@@ -73,6 +72,16 @@ from mmserver.errors import (
     UnsupportedContentType,
     summarize_error,
 )
+from mmserver.toolkit import (
+    HANDLER_PARAMETERS,
+    LoadContext,
+    RequestContext,
+    UserFunction,
+    body_for_user_code,
+    describe_error,
+    numpy_as_tensors,
+    response_from,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,42 +93,10 @@ SETTINGS_FILE = "mmserver.json"
 #: The mmserver.json key, and the script attribute, that declare a script row-wise.
 ROW_WISE_KEY = "row_wise"
 ROW_WISE_ATTRIBUTE = "MMSERVER_ROW_WISE"
-#: Bodies of exactly these Content-Types reach input_fn and transform_fn as str.
-TEXT_TYPES = ("application/json", "text/csv")
 #: Files whose size stands for the model's weights when we estimate its memory before loading.
 WEIGHT_SUFFIXES = (".pt", ".pt2", ".pth", ".bin", ".safetensors", ".ckpt")
 #: Loaded weights take about their size on disk; the margin covers buffers and the runtime.
 MEMORY_ESTIMATE_FACTOR = 1.2
-
-#: Each handler function and the arguments the toolkit passes it (the context comes after).
-HANDLER_PARAMETERS = {
-    "pre_model_fn": ("model_dir",),
-    "model_fn": ("model_dir",),
-    "model_warmup_fn": ("model_dir", "model"),
-    "input_fn": ("request_body", "request_content_type"),
-    "predict_fn": ("data", "model"),
-    "output_fn": ("prediction", "accept"),
-    "transform_fn": ("model", "request_body", "content_type", "accept"),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class RequestContext:
-    """What a handler may want to know about the request besides its body."""
-
-    model_name: str
-    content_type: str
-    accept: str
-    custom_attributes: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadContext:
-    """The context handed to load-time functions; ``system_properties`` as TorchServe names them."""
-
-    model_dir: str
-    system_properties: Mapping[str, Any]
-
 
 @dataclasses.dataclass(frozen=True)
 class OneRequest:
@@ -127,39 +104,6 @@ class OneRequest:
 
     data: Any
     context: RequestContext
-
-
-class UserFunction:
-    """A function of the script, called as the toolkit calls it: with the context when it takes one more parameter."""
-
-    def __init__(self, name: str, function: Callable):
-        self.name = name
-        self.function = function
-        self._context_keyword: str | None = None
-        self._takes_context = False
-        expected = len(HANDLER_PARAMETERS[name])
-        try:
-            parameters = list(inspect.signature(function).parameters.values())
-        except (TypeError, ValueError):  # a builtin without a signature: call it plainly
-            return
-        if len(parameters) == expected + 1:
-            self._takes_context = True
-            last = parameters[-1]
-            if last.kind is inspect.Parameter.KEYWORD_ONLY:
-                self._context_keyword = last.name
-            elif last.kind is inspect.Parameter.VAR_KEYWORD:
-                self._context_keyword = "context"
-        elif len(parameters) != expected:
-            raise InvalidModelArtifact(
-                f"{name} takes {len(parameters)} parameters; it is called with {expected} "
-                f"({', '.join(HANDLER_PARAMETERS[name])}), or {expected + 1} with the context")
-
-    def __call__(self, *args: Any, context: Any) -> Any:
-        if not self._takes_context:
-            return self.function(*args)
-        if self._context_keyword is not None:
-            return self.function(*args, **{self._context_keyword: context})
-        return self.function(*args, context)
 
 
 class ModelHandler:
@@ -206,7 +150,7 @@ class ModelHandler:
             return function(*args, context=self._load_context)
         except MMServerError:
             raise
-        except BaseException as error:  # noqa: BLE001 - sys.exit() in a script must not end the server
+        except BaseException as error:
             if is_out_of_memory(error):
                 raise InsufficientResources(
                     f"out of memory in {name}: {summarize_error(error)}") from error
@@ -218,7 +162,7 @@ class ModelHandler:
                 return load_default_model(self.model_dir, self.device)
             except MMServerError:
                 raise
-            except Exception as error:  # noqa: BLE001 - any failure here means a bad artifact
+            except Exception as error:
                 if is_out_of_memory(error):
                     raise InsufficientResources(
                         f"out of memory while loading the model: {error}") from error
@@ -261,7 +205,7 @@ class ModelHandler:
     def decode(self, body: bytes, context: RequestContext) -> Any:
         """The request's input for the runner: rows when row-wise, else a :class:`OneRequest`."""
         if "transform_fn" in self._functions:
-            return OneRequest(_body_for_user_code(body, context.content_type), context)
+            return OneRequest(body_for_user_code(body, context.content_type), context)
         input_fn = self._functions.get("input_fn")
         if input_fn is None:
             data = codecs.decode(body, context.content_type)
@@ -279,12 +223,12 @@ class ModelHandler:
         return data
 
     def _run_input_fn(self, input_fn: UserFunction, body: bytes, context: RequestContext) -> Any:
-        payload = _body_for_user_code(body, context.content_type)
+        payload = body_for_user_code(body, context.content_type)
         try:
             return input_fn(payload, context.content_type, context=context)
         except MMServerError:
             raise
-        except BaseException as error:  # noqa: BLE001 - whatever input_fn raises, the body was refused
+        except BaseException as error:
             if isinstance(error, ValueError) and \
                     str(error).lower().startswith("unsupported content type"):
                 raise UnsupportedContentType(str(error)) from error
@@ -313,43 +257,32 @@ class ModelHandler:
 
     def encode(self, rows: Any, context: RequestContext) -> tuple[bytes, str]:
         if "transform_fn" in self._functions:
-            return _response(rows, context.accept, "transform_fn")
+            return response_from(rows, context.accept, "transform_fn")
         output_fn = self._functions.get("output_fn")
         if output_fn is None:
             try:
-                return codecs.encode(_numpy_as_tensors(rows), context.accept)
+                return codecs.encode(numpy_as_tensors(rows), context.accept)
             except MMServerError:
                 raise
-            except Exception as error:  # noqa: BLE001 - a prediction the defaults cannot write
+            except Exception as error:
                 raise ModelError(f"the default output_fn cannot encode the prediction "
                                  f"({type(rows).__name__}): {describe_error(error)}") from error
         try:
             result = output_fn(rows, context.accept, context=context)
         except MMServerError:
             raise
-        except BaseException as error:  # noqa: BLE001 - the client gets a message, never a bare 500
+        except BaseException as error:
             if isinstance(error, ValueError) and \
                     str(error).lower().startswith("unsupported accept type"):
                 raise NotAcceptable(str(error)) from error
             raise ModelError(f"output_fn raised {describe_error(error)}") from error
-        return _response(result, context.accept, "output_fn")
+        return response_from(result, context.accept, "output_fn")
 
     def close(self) -> None:
         """Drop the model and the modules its code imported, so their memory can be freed."""
         self.model = None
         if self._code is not None:
             self._code.close()
-
-
-def describe_error(error: BaseException) -> str:
-    """``Kind: the line that says what went wrong``; a script's exit says what probably caused it."""
-    if isinstance(error, SystemExit):
-        return (f"SystemExit (code {error.code!r}): the script exited, by sys.exit() or by "
-                "argparse parsing the server's command line; guard it with "
-                "if __name__ == '__main__'")
-    if isinstance(error, KeyboardInterrupt):
-        return "KeyboardInterrupt"
-    return f"{error.__class__.__name__}: {summarize_error(error)}"
 
 
 def load_default_model(model_dir: Path, device: torch.device) -> Any:
@@ -421,43 +354,6 @@ def _import_user_code(model_dir: Path, program: str) -> user_code.UserCode | Non
         return None
     try:
         return user_code.import_program(code_dir, program)
-    except BaseException as error:  # noqa: BLE001 - user code can fail in any way, exit included
+    except BaseException as error:
         raise InvalidModelArtifact(
             f"code/{program} failed to import: {describe_error(error)}") from error
-
-
-def _body_for_user_code(body: bytes, content_type: str) -> str | bytes:
-    """JSON and CSV bodies as text, others as bytes, as the toolkit hands them over."""
-    if content_type not in TEXT_TYPES:
-        return body
-    try:
-        return body.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise InvalidInput(f"the {content_type} body is not UTF-8: {error}") from None
-
-
-def _response(result: Any, accept: str, source: str) -> tuple[bytes, str]:
-    """``body`` or ``(body, content_type)``; a bare body is labelled with the Accept type."""
-    if isinstance(result, tuple) and len(result) == 2:
-        body, content_type = result
-    else:
-        body, content_type = result, accept.split(",")[0].strip()
-    if isinstance(body, str):
-        body = body.encode("utf-8")
-    if not isinstance(body, (bytes, bytearray, memoryview)):
-        raise ModelError(f"{source} must return bytes or str, optionally as (body, content_type); "
-                         f"got {type(body).__name__}")
-    if not isinstance(content_type, str) or not content_type or "*" in content_type:
-        content_type = codecs.JSON
-    return bytes(body), content_type
-
-
-def _numpy_as_tensors(output: Any) -> Any:
-    """The default encoders write tensors; a predict_fn may return NumPy arrays instead."""
-    if isinstance(output, np.ndarray) and output.dtype.kind in "biuf":
-        return torch.from_numpy(np.ascontiguousarray(output))
-    if isinstance(output, Mapping):
-        return {k: _numpy_as_tensors(v) for k, v in output.items()}
-    if isinstance(output, (tuple, list)):
-        return type(output)(_numpy_as_tensors(v) for v in output)
-    return output

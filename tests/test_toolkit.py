@@ -15,7 +15,6 @@ import threading
 
 import pytest
 import torch
-
 from conftest import running_server, write_code, write_torchscript
 
 CONCURRENCY = 16
