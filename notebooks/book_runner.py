@@ -21,7 +21,7 @@ the list, ``torch.stack``-s them, runs the model in a worker thread
 A request that finds ``max_queue_size`` inputs already queued is refused with
 "I'm too busy" (HTTP 503 in the book).
 
-Defects kept here on purpose (the numbers are those of ``DESIGN.md`` section 2):
+Defects kept here on purpose (the numbers are those of ``docs/design.md`` section 2):
 
 2. An exception in the model (or in ``torch.stack``) ends ``model_runner``: the
    requests of that batch are never answered and nothing empties the queue again.

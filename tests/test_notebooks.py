@@ -3,16 +3,21 @@
 Every notebook in ``notebooks/`` is executed in a fresh kernel with ``MMSERVER_QUICK=1`` (smaller
 sizes and shorter runs, the same assertions), from the notebooks folder so that it can import
 ``book_runner``. The executed copy is written under pytest's temporary directory, never over
-the committed notebook, so a failing cell can be inspected there. A test fails if any cell raises.
+the committed notebook, so a failing cell can be inspected there. A test fails if any cell raises,
+or if the notebook leaves a process behind: the kernel must have no child process left after its
+last cell, and no process started from it (a server, locust) may outlive it. Every process the
+kernel starts inherits a marker variable, which is how we find them, and only them, afterwards.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import uuid
 from pathlib import Path
 
 import nbformat
+import psutil
 import pytest
 from jupyter_client.kernelspec import NATIVE_KERNEL_NAME, KernelSpecManager
 from jupyter_client.manager import KernelManager
@@ -25,6 +30,9 @@ NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 # Quick mode runs each notebook in well under a minute on a 2-core CPU; a cell that takes
 # longer than this is stuck, not slow.
 CELL_TIMEOUT_SECONDS = 300
+
+#: Set in the kernel's environment (and so in every process it starts) to find them afterwards.
+MARKER_VARIABLE = "MMSERVER_NOTEBOOK_TEST_RUN"
 
 # jupyter_client swaps these argv[0] spellings for the interpreter that starts the kernel.
 _SPELLINGS_OF_THIS_PYTHON = {"python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"}
@@ -59,8 +67,13 @@ def test_there_are_notebooks():
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom_in_quick_mode(notebook: Path, tmp_path: Path, monkeypatch):
     monkeypatch.setenv("MMSERVER_QUICK", "1")  # the kernel inherits this process's environment
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv(MARKER_VARIABLE, marker)
     nb = nbformat.read(notebook, as_version=4)
-    # One extra cell at the end proves which interpreter ran the notebook.
+    # Two extra cells at the end: the kernel's own children (there must be none left), and which
+    # interpreter ran the notebook.
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "import psutil\nprint([p.pid for p in psutil.Process().children(recursive=True) if p.is_running()])"))
     nb.cells.append(nbformat.v4.new_code_cell("import sys\nprint(sys.executable)"))
     client = NotebookClient(
         nb,
@@ -75,3 +88,21 @@ def test_notebook_runs_top_to_bottom_in_quick_mode(notebook: Path, tmp_path: Pat
         nbformat.write(nb, tmp_path / notebook.name)
     kernel_python = nb.cells[-1].outputs[0]["text"].strip()
     assert Path(kernel_python).resolve() == Path(sys.executable).resolve()
+    left_children = nb.cells[-2].outputs[0]["text"].strip()
+    assert left_children == "[]", f"{notebook.name} left child processes of its kernel: {left_children}"
+    survivors = _processes_started_under(marker)
+    assert not survivors, f"{notebook.name} left processes behind: {survivors}"
+
+
+def _processes_started_under(marker: str) -> list[str]:
+    """Live processes (other than this one) whose environment carries ``marker``."""
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        if process.pid == os.getpid():
+            continue
+        try:
+            if process.environ().get(MARKER_VARIABLE) == marker and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(f"{process.pid}: {' '.join(process.info['cmdline'] or [])[:200]}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
