@@ -228,12 +228,14 @@ async def _invoke(request: web.Request, name: str) -> web.Response:
     try:
         entry = app[REGISTRY].get(name)
         label = name
-        with entry.invocation():
-            answer = await app[PIPELINE].run(entry, _invocation(request, app[SETTINGS], name))
+        answer = await app[PIPELINE].run(entry, _invocation(request, app[SETTINGS], name))
         response = web.Response(body=answer.body, content_type=answer.content_type)
     except errors.MMServerError as error:
         response = _domain_error_response(error)
         _log_failed_invocation(name, response.status, error)
+    except Exception:  # noqa: BLE001 - a bug of ours: answered, counted and logged in full
+        log.exception("model=%s unexpected error on invoke", name)
+        response = error_response(500, "internal server error; see the server log")
     app[METRICS].request_done(label, response.status, time.perf_counter() - started)
     return response
 
@@ -298,7 +300,10 @@ def create_app(settings: Settings | None = None) -> web.Application:
     """Build the application; models in ``settings.preload`` load at start-up."""
     settings = settings or Settings.from_env()
     app = web.Application(middlewares=[errors_as_json, management_token_required],
-                          client_max_size=settings.max_payload_bytes + 1)
+                          client_max_size=settings.max_payload_bytes + 1,
+                          # after a 408, do not linger reading the rest of a trickling body:
+                          # that would hold shutdown past SageMaker's 30 s
+                          handler_args={"lingering_time": 0})
     app[SETTINGS] = settings
     app[PIPELINE] = InvocationPipeline(settings)
     app[METRICS] = metrics_ = Metrics()

@@ -32,7 +32,7 @@ from typing import Any
 from mmserver import codecs
 from mmserver.config import Settings
 from mmserver.errors import BodyTimeout, InvocationTimeout, PayloadTooLarge
-from mmserver.handlers import RequestContext
+from mmserver.handlers import ModelHandler, RequestContext
 from mmserver.registry import ModelEntry
 from mmserver.workers import WorkerPool
 
@@ -64,22 +64,26 @@ class InvocationPipeline:
         self.decode_pool.close()
 
     async def run(self, entry: ModelEntry, invocation: Invocation) -> Answer:
-        settings, handler, context = self.settings, entry.handler, invocation.context
+        settings, context = self.settings, invocation.context
+        # Taken now: an unload while the body arrives empties the entry, and the stopped
+        # runner then refuses the slot (404) instead of the request failing half-way.
+        runner, handler, codec_pool = entry.runner, entry.handler, entry.codec_pool
         length = invocation.content_length
         if length is not None and length > settings.max_payload_bytes:
             raise PayloadTooLarge(
                 f"the body is {length} bytes; the limit is {settings.max_payload_bytes} "
                 "(SAGEMAKER_MAX_PAYLOAD_IN_MB)")
-        entry.runner.check_admission()
+        runner.check_admission()
         if not handler.checks_accept_itself:
             codecs.negotiate(context.accept)
         body = await self._read_body(invocation)
         try:
             async with asyncio.timeout(settings.model_server_timeout_seconds):
-                with entry.runner.reserve() as slot:
-                    data = await self._decode(entry, body, context)
+                with entry.invocation(), runner.reserve() as slot:
+                    data = await self._decode(handler, codec_pool, body, context)
                     rows = await slot.submit(data)
-                payload, content_type = await self._encode(entry, rows, context)
+                    payload, content_type = await self._encode(handler, codec_pool, rows,
+                                                               context)
         except TimeoutError:
             raise InvocationTimeout(
                 f"model {entry.name!r} did not answer within "
@@ -96,18 +100,17 @@ class InvocationPipeline:
             raise BodyTimeout(f"the request body did not arrive within {timeout:g} s "
                               "(MMSERVER_BODY_TIMEOUT)") from None
 
-    async def _decode(self, entry: ModelEntry, body: bytes, context: RequestContext) -> Any:
-        handler = entry.handler
+    async def _decode(self, handler: ModelHandler, codec_pool: WorkerPool, body: bytes,
+                      context: RequestContext) -> Any:
         if handler.has_user_codecs:
-            return await entry.codec_pool.run(handler.decode, body, context)
+            return await codec_pool.run(handler.decode, body, context)
         if len(body) >= self.settings.decode_in_thread_bytes or \
                 codecs.media_type(context.content_type).startswith("image/"):
             return await self.decode_pool.run(handler.decode, body, context)
         return handler.decode(body, context)
 
-    async def _encode(self, entry: ModelEntry, rows: Any,
+    async def _encode(self, handler: ModelHandler, codec_pool: WorkerPool, rows: Any,
                       context: RequestContext) -> tuple[bytes, str]:
-        handler = entry.handler
         if handler.has_user_codecs:
-            return await entry.codec_pool.run(handler.encode, rows, context)
+            return await codec_pool.run(handler.encode, rows, context)
         return handler.encode(rows, context)

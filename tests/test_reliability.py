@@ -294,10 +294,6 @@ def test_trickling_bodies_get_408_and_hold_no_queue_slot(root):
         assert server.invoke("affine", [[1.0]], timeout=5) == (200, [[3.0]])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "aiohttp's lingering close: after the 408 the handler keeps reading the unread body for "
-    "lingering_time (10 s) and shutdown waits for it, so SIGTERM takes body timeout + 10 s + "
-    "drain (~28 s); fix: create_app(handler_args={'lingering_time': 0}) or the same in run_app"))
 def test_a_trickling_client_neither_blocks_delete_nor_sigterm(root):
     """Default body timeout (15 s): DELETE drains within the model timeout; SIGTERM within 25 s."""
     env = {"SAGEMAKER_MODEL_SERVER_TIMEOUT": "2"}
