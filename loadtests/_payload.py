@@ -23,9 +23,25 @@ def _json(rows) -> bytes:
     return json.dumps(rows).encode()
 
 
+#: model name -> the shape of one request's input (loadtests.models builds the models)
+ROW_SHAPES = {
+    "resnet18": (1, 3, 64, 64),
+    "standin": (1, 16),
+    "resnet18-224": (1, 3, 224, 224),
+    "resnet50-224": (1, 3, 224, 224),
+}
+
+
+def _npy(name: str):
+    return lambda: npy_row(ROW_SHAPES[name])
+
+
 #: example name -> (content type, body builder)
 PAYLOADS = {
     "resnet18": ("application/x-npy", npy_row),
+    "standin": ("application/x-npy", _npy("standin")),
+    "resnet18-224": ("application/x-npy", _npy("resnet18-224")),
+    "resnet50-224": ("application/x-npy", _npy("resnet50-224")),
     "tabular": ("application/json", lambda: _json([[round(0.1 * i, 1) for i in range(16)]])),
     "digits": ("application/json", lambda: _json([[(i * 7) % 17 for i in range(64)]])),
 }

@@ -1,7 +1,8 @@
 """The batching sweep: policy x MAX_BATCH_SIZE x MAX_WAIT x offered load.
 
-    python -m loadtests.sweep --out results/cpu          # the full grid (~11 min on 2 cores)
+    python -m loadtests.sweep --out results/cpu          # the full grid (~10 min on 2 cores)
     python -m loadtests.sweep --quick --out /tmp/sweep   # CI: a few points, ~1 min
+    python -m loadtests.sweep --model standin --out results/cpu-standin   # the stand-in
 
 For each batching setting (policy, max_batch_size, max_wait) the sweep starts
 ``mmserver serve`` with those flags (pinned with ``taskset`` to
@@ -27,7 +28,15 @@ the last second) are kept per point under ``OUT/raw/``, with each server's log.
 Resumable: a point already in ``sweep.csv`` is skipped, and so is a server
 whose points are all there. Grid rules: ``timer`` with ``max_wait = 0``, and
 ``timer`` with ``max_batch_size = 1``, behave exactly as ``greedy`` and are
-not run.
+not run; ``max_batch_size = 1`` runs at the grid's first wait only (a batch of
+one is full as soon as it has a request, so the wait never applies); ``timer``
+runs only at ``Grid.timer_batch_sizes`` when that is set.
+
+``--model`` is the ``resnet18`` example (3x64x64) by default; ``standin`` is
+the deep, narrow network of ``loadtests/models.py`` whose batch of 32 costs
+little more than a batch of one (the accelerator regime, on a CPU), and
+``resnet18-224``/``resnet50-224`` are for a GPU host. Each model has its own
+default grid (``FULL``/``QUICK``), its loads placed around its capacity.
 
 Nothing here assumes a CPU: the ``device`` column is what the server reports
 for the model (``GET /models/{name}``).
@@ -80,23 +89,42 @@ class Grid:
     waits_ms: tuple[float, ...]
     loads_rps: tuple[float, ...]
     duration_s: float
+    #: the batch sizes ``timer`` runs at (None: all of ``batch_sizes``)
+    timer_batch_sizes: tuple[int, ...] | None = None
 
     def settings(self) -> list[tuple[str, int, float]]:
         out = []
         for policy, size, wait in itertools.product(self.policies, self.batch_sizes, self.waits_ms):
             if policy == "timer" and (wait == 0 or size == 1):
                 continue  # identical to greedy: nothing to wait for
+            if size == 1 and wait != self.waits_ms[0]:
+                continue  # a batch of one is full at once: the wait never applies
+            if (policy == "timer" and self.timer_batch_sizes is not None
+                    and size not in self.timer_batch_sizes):
+                continue
             out.append((policy, size, wait))
         return out
 
 
 # Through the server on one core of the 2-core development machine, resnet18 on 3x64x64
-# answers ~100 requests/s one at a time and ~240/s in batches of 8 or more: the loads go
-# from easy, through the single-request limit, to past the batched one.
-FULL = Grid(policies=("greedy", "timer"), batch_sizes=(1, 8, 32), waits_ms=(0, 5, 20),
-            loads_rps=(40, 120, 180, 220, 260), duration_s=7)
-QUICK = Grid(policies=("greedy",), batch_sizes=(1, 16), waits_ms=(2,), loads_rps=(30, 150),
+# answers ~120 requests/s one at a time and ~200-250/s in batches of 8 or more: the loads
+# are easy for every setting (40), past the single-request limit (120), near the batched
+# knee (180) and past it (240). The shipped defaults (greedy, 16 rows, 5 ms) are in the grid.
+FULL = Grid(policies=("greedy", "timer"), batch_sizes=(1, 8, 16, 32), waits_ms=(0, 5, 20),
+            loads_rps=(40, 120, 180, 240), duration_s=7, timer_batch_sizes=(16,))
+QUICK = Grid(policies=("greedy",), batch_sizes=(1, 16), waits_ms=(5,), loads_rps=(30, 150),
              duration_s=4)
+# The stand-in costs ~13 ms a call at batch 1 and a little more at 32: ~70 requests/s one at
+# a time, several hundred in batches. Its loads go past MAX_BATCH_SIZE 8's limit (~300/s).
+STANDIN_FULL = dataclasses.replace(FULL, loads_rps=(25, 150, 300, 400))
+STANDIN_QUICK = dataclasses.replace(QUICK, loads_rps=(20, 200))
+#: --model -> (full grid, quick grid)
+GRIDS = {"resnet18": (FULL, QUICK), "standin": (STANDIN_FULL, STANDIN_QUICK)}
+# A GPU host: loads for one GPU and a many-core load generator (python -m loadtests.accelerator).
+GPU_FULL = Grid(policies=("greedy", "timer"), batch_sizes=(1, 8, 16, 32, 64),
+                waits_ms=(0, 2, 5), loads_rps=(100, 400, 800, 1600), duration_s=7,
+                timer_batch_sizes=(32,))
+GRIDS.update({name: (GPU_FULL, QUICK) for name in ("resnet18-224", "resnet50-224")})
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -130,8 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--examples-dir", type=Path,
                    default=Path(os.environ.get(EXAMPLES_ENV, DEFAULT_EXAMPLES_DIR)),
                    help="where resnet18/model is (written there if missing)")
-    p.add_argument("--model", default="resnet18", choices=("resnet18",),
-                   help="the example model to sweep")
+    p.add_argument("--model", default="resnet18", choices=tuple(GRIDS),
+                   help="resnet18 (the example, 3x64x64), standin (the accelerator stand-in "
+                        "of loadtests/models.py) or resnet18-224/resnet50-224 (for a GPU)")
     p.add_argument("--server-cpus", default="0", help="taskset CPU list for the server")
     p.add_argument("--locust-cpus", default="1", help="taskset CPU list for locust")
     p.add_argument("--locust-processes", type=int, default=0,
@@ -259,10 +288,10 @@ def start_server(args, model_root: Path, policy: str, size: int, wait_ms: float,
 
 
 def warm_up(server: ServerProcess, model: str, body: bytes, seconds: float,
-            concurrency: int) -> None:
+            concurrency: int, content_type: str = "application/x-npy") -> None:
     """Concurrent requests so the model has run every batch size before we measure."""
     deadline = time.monotonic() + seconds
-    headers = {"Content-Type": "application/x-npy"}
+    headers = {"Content-Type": content_type}
 
     def client():
         while time.monotonic() < deadline:
@@ -349,13 +378,17 @@ def point_key(row: dict) -> tuple:
 
 
 def prepare_model_root(args, root: Path) -> Path:
-    """resnet18's model.pt in a folder of our own, without the example's mmserver.json."""
+    """The model's model.pt in a folder of our own, without the example's mmserver.json."""
+    target = root / args.model / "model"
+    if args.model != "resnet18":  # not an example: loadtests.models writes it
+        from loadtests.models import write_model
+        write_model(args.model, target)
+        return root
     source = args.examples_dir / args.model / "model"
     if not (source / "model.pt").exists():
         print(f"writing the {args.model} example to {args.examples_dir} ...", flush=True)
         from mmserver.examples import write_examples
         write_examples(args.examples_dir, names=[args.model])
-    target = root / args.model / "model"
     target.mkdir(parents=True, exist_ok=True)
     for name in ("model.pt", "metadata.json"):
         if (source / name).exists():
@@ -370,12 +403,14 @@ def _fmt_s(seconds: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    base = QUICK if args.quick else FULL
+    full, quick = GRIDS[args.model]
+    base = quick if args.quick else full
     grid = Grid(policies=args.policies or base.policies,
                 batch_sizes=args.batch_sizes or base.batch_sizes,
                 waits_ms=args.waits_ms or base.waits_ms,
                 loads_rps=args.loads or base.loads_rps,
-                duration_s=args.duration or base.duration_s)
+                duration_s=args.duration or base.duration_s,
+                timer_batch_sizes=None if args.batch_sizes else base.timer_batch_sizes)
     args.duration = grid.duration_s
     args.examples_dir = args.examples_dir.expanduser().resolve()
     out = args.out.expanduser().resolve()
@@ -399,8 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     started, finished = time.monotonic(), 0
     with tempfile.TemporaryDirectory(prefix="mmserver-sweep-") as tmp:
         model_root = prepare_model_root(args, Path(tmp))
-        from loadtests._payload import npy_row
-        body = npy_row()
+        from loadtests._payload import payload
+        body, headers = payload(args.model)
         for setting, group in itertools.groupby(todo, key=lambda p: p[0]):
             policy, size, wait = setting
             tag = f"{policy}-b{size}-w{wait:g}"
@@ -408,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
                                                raw / f"{tag}_server.log")
             try:
                 warm_up(server, args.model, body, args.warmup,
-                        concurrency=max(4, min(64, 2 * size)))
+                        concurrency=max(4, min(64, 2 * size)),
+                        content_type=headers["Content-Type"])
                 for _, load in group:
                     prefix = raw / f"{tag}-r{load:g}"
                     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
