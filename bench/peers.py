@@ -306,10 +306,11 @@ def _wrk(url: str, body: bytes, users: int, seconds: float) -> dict[str, float]:
             [*harness.taskset_prefix(harness.LOAD_CPU), "wrk", "-t1", f"-c{users}",
              f"-d{max(1, round(seconds))}s", "--timeout", "10s", "--latency", "-s", str(script),
              url], capture_output=True, text=True, check=True).stdout
-    percentile = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.M))
+    percentile = dict(re.findall(r"^\s*(50|99)(?:\.0+)?%\s+([\d.]+(?:us|ms|s|m))", out, re.M))
     non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-            "p50_ms": _ms(percentile["50"]), "p99_ms": _ms(percentile["99"]),
+            "p50_ms": _ms(percentile["50"]) if "50" in percentile else float("nan"),
+            "p99_ms": _ms(percentile["99"]) if "99" in percentile else float("nan"),
             "non_2xx": int(non_2xx.group(1)) if non_2xx else 0}
 
 
