@@ -66,6 +66,10 @@ STATUS_BY_ERROR: dict[type[BaseException], int] = {
 
 TARGET_MODEL_HEADER = "X-Amzn-SageMaker-Target-Model"
 OPENAPI_FILE = Path(__file__).with_name("openapi.json")
+#: After answering (413, 408) before a body was read, read and drop the rest for at most this
+#: long, so a client still sending gets to read the answer; aiohttp's 10 s default would hold
+#: a trickling client, and with it shutdown, past SageMaker's 30 s.
+LINGERING_SECONDS = 2.0
 #: The ``model`` label of invocations of a name that is not loaded.
 UNKNOWN_MODEL_LABEL = "(not loaded)"
 CUSTOM_ATTRIBUTES_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
@@ -139,7 +143,7 @@ async def management_token_required(request: web.Request, handler):
     callers in front of the container, and only it manages models.
     """
     token = request.app[SETTINGS].management_token
-    if token and _is_management(request):
+    if _is_management(request):
         scheme, _, given = request.headers.get(hdrs.AUTHORIZATION, "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
                                                                   token.encode()):
@@ -252,7 +256,8 @@ def _invocation(request: web.Request, settings: Settings, name: str) -> Invocati
         custom_attributes=headers.get(CUSTOM_ATTRIBUTES_HEADER),
     )
     return Invocation(context=context, content_length=request.content_length,
-                      read_body=lambda limit: _read_body(request, limit))
+                      read_body=lambda limit: _read_body(request, limit),
+                      body_arrived=request.content.is_eof())
 
 
 def _log_failed_invocation(name: str, status: int, error: BaseException) -> None:
@@ -299,11 +304,12 @@ async def metrics(request: web.Request) -> web.Response:
 def create_app(settings: Settings | None = None) -> web.Application:
     """Build the application; models in ``settings.preload`` load at start-up."""
     settings = settings or Settings.from_env()
-    app = web.Application(middlewares=[errors_as_json, management_token_required],
+    middlewares = [errors_as_json]
+    if settings.management_token:  # no middleware on every request when there is no token
+        middlewares.append(management_token_required)
+    app = web.Application(middlewares=middlewares,
                           client_max_size=settings.max_payload_bytes + 1,
-                          # after a 408, do not linger reading the rest of a trickling body:
-                          # that would hold shutdown past SageMaker's 30 s
-                          handler_args={"lingering_time": 0})
+                          handler_args={"lingering_time": LINGERING_SECONDS})
     app[SETTINGS] = settings
     app[PIPELINE] = InvocationPipeline(settings)
     app[METRICS] = metrics_ = Metrics()

@@ -45,6 +45,8 @@ class Invocation:
     content_length: int | None
     #: Reads the whole body, raising PayloadTooLarge past the given number of bytes.
     read_body: Callable[[int], Awaitable[bytes]]
+    #: The whole body is already buffered (the common small request): no timeout needed.
+    body_arrived: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +94,8 @@ class InvocationPipeline:
         return Answer(payload, content_type.split(";")[0])
 
     async def _read_body(self, invocation: Invocation) -> bytes:
+        if invocation.body_arrived:
+            return await invocation.read_body(self.settings.max_payload_bytes)
         timeout = self.settings.body_timeout_seconds
         try:
             async with asyncio.timeout(timeout):

@@ -19,7 +19,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -74,17 +74,9 @@ class ModelEntry:
             return "unhealthy"
         return self.state
 
-    @contextlib.contextmanager
-    def invocation(self) -> Iterator[None]:
-        """Mark an invocation in progress; unload waits for the last one to be encoded."""
-        self.invocations += 1
-        self.idle.clear()
-        try:
-            yield
-        finally:
-            self.invocations -= 1
-            if self.invocations == 0:
-                self.idle.set()
+    def invocation(self) -> _InvocationInProgress:
+        """``with entry.invocation():`` marks one in progress; unload waits for the last one."""
+        return _InvocationInProgress(self)
 
     def describe(self) -> dict:
         described = {"modelName": self.name, "modelUrl": self.url, "status": self.status}
@@ -109,6 +101,25 @@ class ModelEntry:
                 },
             })
         return described
+
+
+class _InvocationInProgress:
+    """A plain context manager (a generator-based one costs more on every request)."""
+
+    __slots__ = ("entry",)
+
+    def __init__(self, entry: ModelEntry):
+        self.entry = entry
+
+    def __enter__(self) -> None:
+        self.entry.invocations += 1
+        self.entry.idle.clear()
+
+    def __exit__(self, *exc_info: object) -> None:
+        entry = self.entry
+        entry.invocations -= 1
+        if entry.invocations == 0:
+            entry.idle.set()
 
 
 class ModelRegistry:

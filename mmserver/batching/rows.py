@@ -30,6 +30,8 @@ def leaves(data: Any) -> list[torch.Tensor]:
 
 def rows_of(data: Any) -> int:
     """Dimension 0, which every tensor of the input must share."""
+    if isinstance(data, torch.Tensor) and data.dim() > 0:  # the common case, checked cheaply
+        return data.shape[0]
     sizes = set()
     for leaf in leaves(data):
         if leaf.dim() == 0:

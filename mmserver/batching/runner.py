@@ -359,7 +359,7 @@ class ModelRunner:
         if not live:
             return
         try:
-            outputs = await self._call([r.data for r in live])
+            outputs = await self._call([r.data for r in live], [r.rows for r in live])
         except InvocationTimeout as error:
             for request in live:
                 self._answer(request, error=error)
@@ -381,9 +381,9 @@ class ModelRunner:
         for request, output in zip(live, outputs):
             self._answer(request, result=output)
 
-    async def _call(self, inputs: list[Any]) -> list[Any]:
+    async def _call(self, inputs: list[Any], sizes: list[int]) -> list[Any]:
         """One model call in the worker thread, watched by ``call_timeout``."""
-        call = self._pool.run(self._call_model, inputs)
+        call = self._pool.run(self._call_model, inputs, sizes)
         self._call_started = time.perf_counter()
         try:
             if self.call_timeout is None:
@@ -411,7 +411,7 @@ class ModelRunner:
         if self._wakeup is not None:
             self._wakeup.set()
 
-    def _call_model(self, inputs: list[Any]) -> list[Any]:
+    def _call_model(self, inputs: list[Any], sizes: list[int]) -> list[Any]:
         """Runs in the worker thread: concatenate, move, call, move back, split."""
         with torch.inference_mode():
             if not self.concatenate:
@@ -420,7 +420,7 @@ class ModelRunner:
             if self.device is not None:
                 batch = moved(batch, self.device)
             output = self.model(batch)
-            return split_rows(moved(output, None, to_cpu=True), [rows_of(x) for x in inputs])
+            return split_rows(moved(output, None, to_cpu=True), sizes)
 
     def _answer(self, request: _Request, *, result: Any = None,
                 error: BaseException | None = None) -> None:
