@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
+from mmserver.cli import event_loop  # noqa: E402
 from mmserver.testing import ServerProcess  # noqa: E402
 
 BODY = json.dumps([[float(i) for i in range(16)]]).encode()
@@ -56,7 +57,8 @@ def bare_server(port: int) -> None:
     app = web.Application()
     app.router.add_post("/invoke", invoke)
     app.router.add_get("/ping", ping)
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None,
+                loop=event_loop())  # the loop mmserver runs on, so the ratio compares servers
 
 
 def main() -> None:

@@ -13,14 +13,17 @@ about 12 KB); the load generator runs on core 1. The peers:
   empty queue, ``torch.stack([])`` ends it, and the server answers nothing more
   within seconds of load (0 requests/s at 8 users and more);
 * ``nobatch``: aiohttp, ``np.load`` on the loop, the model on one executor thread, no batching;
-* ``bare``: aiohttp reading the body and answering a constant JSON row: the HTTP limit;
+* ``bare``: aiohttp reading the body and answering a constant JSON row: the HTTP limit,
+  on the event loop mmserver runs on (uvloop when installed), so it is a limit for it;
 * ``torchserve``: TorchServe (when ``torchserve`` and ``java`` are installed, e.g.
   ``pip install torchserve torch-model-archiver``) with batchSize 16, maxBatchDelay 5 ms,
   one worker, a handler that ``np.load``-s each body (written by this script).
 
 All servers are started at once, then for 1, 8 and 32 closed-loop users the script runs
 rounds of equal windows alternating between the servers (the order rotates each
-round). On a shared machine whose speed drifts, a ratio within one round means more
+round). During a server's window every other server is paused (SIGSTOP to its whole
+process tree, SIGCONT after), so an "idle" peer really costs nothing: TorchServe's Java
+frontend keeps threads busy on the shared core even when no request comes. On a shared machine whose speed drifts, a ratio within one round means more
 than any single figure, so the summary is the median over rounds of
 ``mmserver req/s / peer req/s``. Each window reports requests/s, p50 and p99.
 
@@ -58,7 +61,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
-from mmserver.testing import ServerProcess, free_port, http_request, wait_for_ping  # noqa: E402
+from mmserver.cli import event_loop  # noqa: E402
+from mmserver.testing import ServerProcess, free_port, http_request  # noqa: E402
 
 INPUT_SHAPE = (3, 32, 32)
 MAX_BATCH_SIZE = 16
@@ -274,7 +278,8 @@ def serve_peer(kind: str, port: int, model_dir: Path) -> None:
     app = web.Application()
     app.router.add_post("/invoke", {"nobatch": nobatch, "bare": bare}[kind])
     app.router.add_get("/ping", ping)
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None,
+                loop=event_loop() if kind == "bare" else None)
 
 
 # -- the load ----------------------------------------------------------------------
@@ -344,6 +349,29 @@ def _pinned_load_generator() -> None:
 
 # -- the report --------------------------------------------------------------------
 
+@contextlib.contextmanager
+def only_running(servers: dict, name: str):
+    """Pause every server's process tree except ``name``'s for the duration of a window."""
+    import psutil
+
+    paused = []
+    for other, (server, _, _) in servers.items():
+        if other == name:
+            continue
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(server.process.pid)
+            paused += [root, *root.children(recursive=True)]
+    for process in paused:
+        with contextlib.suppress(psutil.Error):
+            process.suspend()
+    try:
+        yield
+    finally:
+        for process in paused:
+            with contextlib.suppress(psutil.Error):
+                process.resume()
+
+
 def summarize(rows: list[dict], names: list[str]) -> str:
     """Markdown: one table per user count (req/s per round, p50, p99, ratio to mmserver)."""
     lines = []
@@ -410,12 +438,14 @@ def main() -> None:
         for n_users in users:
             for name in names:  # warm-up: connections, allocator, first batches
                 server, path, body = servers[name]
-                load(server.url + path, body, n_users, min(1.0, args.seconds))
+                with only_running(servers, name):
+                    load(server.url + path, body, n_users, min(1.0, args.seconds))
             for round_ in range(args.rounds):
                 order = names[round_ % len(names):] + names[:round_ % len(names)]
                 for name in order:
                     server, path, body = servers[name]
-                    result = load(server.url + path, body, n_users, args.seconds)
+                    with only_running(servers, name):
+                        result = load(server.url + path, body, n_users, args.seconds)
                     rows.append({"users": n_users, "round": round_, "server": name, **result})
                     print(f"users={n_users:3d} round={round_} {name:10s} {result['rps']:8.0f} req/s "
                           f"p50={result['p50_ms']:7.2f} ms p99={result['p99_ms']:7.2f} ms"

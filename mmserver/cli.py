@@ -138,12 +138,15 @@ def _run(app: web.Application, settings: Settings) -> None:
         shutdown_timeout=settings.shutdown_timeout_seconds,
         handler_cancellation=True,
         print=None,
-        loop=_event_loop(),
+        loop=event_loop(),
     )
 
 
-def _event_loop():
-    """uvloop's loop when it is installed (MMSERVER_UVLOOP=0 keeps asyncio's); None: asyncio's."""
+def event_loop():
+    """uvloop's loop when it is installed (MMSERVER_UVLOOP=0 keeps asyncio's); None: asyncio's.
+
+    Public so that baselines in ``bench/`` can run on the loop mmserver runs on.
+    """
     if os.environ.get("MMSERVER_UVLOOP", "1") != "0":
         try:
             import uvloop

@@ -14,6 +14,7 @@ its model was unloaded (a call that outlived the drain) is counted under
 from __future__ import annotations
 
 from prometheus_client import (
+    CONTENT_TYPE_LATEST,  # noqa: F401 - re-exported for app
     CollectorRegistry,
     Counter,
     Gauge,
@@ -21,7 +22,6 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401 - re-exported for app
 
 from mmserver.batching import BatchRecord
 

@@ -16,8 +16,12 @@ errors into status codes):
    work); large bodies and images in the server's decode threads; a model's
    own ``input_fn`` in that model's threads, so a slow one stalls nobody else.
 4. **The model**, through the model's ``ModelRunner``.
-5. **Encoding**, by the defaults on the loop or by the model's ``output_fn``
-   in its threads.
+5. **Encoding**, by the defaults (on the loop for small outputs, in the decode
+   threads for large ones) or by the model's ``output_fn`` in its threads.
+
+A thread frees the event loop only while the work in it releases the GIL: numpy and
+torch mostly do, but ``json.loads`` of a large body holds it for the whole parse, so
+large inputs are best sent as ``.npy`` (notebook 04 measures both).
 
 Steps 3 to 5 together are bounded by ``model_server_timeout_seconds`` (504).
 """
@@ -29,12 +33,18 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import torch
+
 from mmserver import codecs
 from mmserver.config import Settings
 from mmserver.errors import BodyTimeout, InvocationTimeout, PayloadTooLarge
 from mmserver.handlers import ModelHandler, RequestContext
 from mmserver.registry import ModelEntry
 from mmserver.workers import WorkerPool
+
+#: Outputs with at least this many numbers are encoded in a worker thread: writing 100,000
+#: numbers as JSON takes a few hundred milliseconds that the event loop must not lose.
+ENCODE_IN_THREAD_VALUES = 16_384
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,4 +127,6 @@ class InvocationPipeline:
                       context: RequestContext) -> tuple[bytes, str]:
         if handler.has_user_codecs:
             return await codec_pool.run(handler.encode, rows, context)
+        if isinstance(rows, torch.Tensor) and rows.numel() >= ENCODE_IN_THREAD_VALUES:
+            return await self.decode_pool.run(handler.encode, rows, context)
         return handler.encode(rows, context)

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-
 from conftest import write_torchscript
+
 from mmserver.app import create_app
 from mmserver.config import Settings
 from mmserver.testing import ModelServerClient

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from mmserver.cli import build_parser, settings_from_args
 from mmserver.batching import BatchSettings
+from mmserver.cli import build_parser, settings_from_args
 from mmserver.config import Settings
 
 

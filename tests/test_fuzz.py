@@ -21,10 +21,9 @@ from pathlib import Path
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
+from conftest import running_server, write_torchscript  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-
-from conftest import running_server, write_torchscript  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = schemathesis.openapi.from_path(str(ROOT / "mmserver" / "openapi.json"))

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, Server, running_server
+
 from mmserver.testing import free_port
 
 if str(ROOT) not in sys.path:  # loadtests/ is a folder of the repository, not an installed package

@@ -14,9 +14,9 @@ import urllib.request
 import numpy as np
 import torch
 import torchvision.io
+from conftest import ROOT
 from sklearn.datasets import load_digits
 
-from conftest import ROOT
 from mmserver.testing import free_port
 
 

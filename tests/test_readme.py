@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision.io
-
 from conftest import ROOT
+
 from mmserver.testing import ServerProcess
 
 README = ROOT / "README.md"

@@ -22,8 +22,8 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
-
 from conftest import SLOW_CODE, running_server, write_code, write_torchscript
+
 from mmserver.testing import http_request
 
 #: The short limits every server of this module runs under.

@@ -11,7 +11,6 @@ import threading
 import time
 
 import psutil
-
 from conftest import running_server, write_torchscript
 
 

@@ -9,8 +9,14 @@ import sys
 
 import pytest
 
-from mmserver.testing import (ServerProcess, free_port, histogram, parse_metrics, sample_value,
-                              wait_for_ping)
+from mmserver.testing import (
+    ServerProcess,
+    free_port,
+    histogram,
+    parse_metrics,
+    sample_value,
+    wait_for_ping,
+)
 
 EXPOSITION = """\
 # HELP mmserver_requests_total Invocations answered, by HTTP status.

@@ -17,6 +17,7 @@ import torch
 
 from mmserver.errors import ModelError
 
+
 def leaves(data: Any) -> list[torch.Tensor]:
     if isinstance(data, torch.Tensor):
         return [data]
