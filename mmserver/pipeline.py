@@ -89,14 +89,16 @@ class InvocationPipeline:
         if not handler.checks_accept_itself:
             codecs.negotiate(context.accept)
         body = await self._read_body(invocation)
+        # One deadline for the rest, checked by the runner's own timer and by the awaits on
+        # worker threads: cheaper per request than a timeout context around it all.
+        deadline = asyncio.get_running_loop().time() + settings.model_server_timeout_seconds
         try:
-            async with asyncio.timeout(settings.model_server_timeout_seconds):
-                with entry.invocation(), runner.reserve() as slot:
-                    data = await self._decode(handler, codec_pool, body, context)
-                    rows = await slot.submit(data)
-                    payload, content_type = await self._encode(handler, codec_pool, rows,
-                                                               context)
-        except TimeoutError:
+            with entry.invocation(), runner.reserve() as slot:
+                data = await self._decode(handler, codec_pool, body, context, deadline)
+                rows = await slot.submit(data, deadline=deadline)
+                payload, content_type = await self._encode(handler, codec_pool, rows, context,
+                                                           deadline)
+        except InvocationTimeout:
             raise InvocationTimeout(
                 f"model {entry.name!r} did not answer within "
                 f"{settings.model_server_timeout_seconds:g} s "
@@ -115,18 +117,26 @@ class InvocationPipeline:
                               "(MMSERVER_BODY_TIMEOUT)") from None
 
     async def _decode(self, handler: ModelHandler, codec_pool: WorkerPool, body: bytes,
-                      context: RequestContext) -> Any:
+                      context: RequestContext, deadline: float) -> Any:
         if handler.has_user_codecs:
-            return await codec_pool.run(handler.decode, body, context)
+            return await _before(deadline, codec_pool.run(handler.decode, body, context))
         if len(body) >= self.settings.decode_in_thread_bytes or \
                 codecs.media_type(context.content_type).startswith("image/"):
-            return await self.decode_pool.run(handler.decode, body, context)
+            return await _before(deadline, self.decode_pool.run(handler.decode, body, context))
         return handler.decode(body, context)
 
     async def _encode(self, handler: ModelHandler, codec_pool: WorkerPool, rows: Any,
-                      context: RequestContext) -> tuple[bytes, str]:
+                      context: RequestContext, deadline: float) -> tuple[bytes, str]:
         if handler.has_user_codecs:
-            return await codec_pool.run(handler.encode, rows, context)
+            return await _before(deadline, codec_pool.run(handler.encode, rows, context))
         if isinstance(rows, torch.Tensor) and rows.numel() >= ENCODE_IN_THREAD_VALUES:
-            return await self.decode_pool.run(handler.encode, rows, context)
+            return await _before(deadline, self.decode_pool.run(handler.encode, rows, context))
         return handler.encode(rows, context)
+
+
+async def _before(deadline: float, work: asyncio.Future) -> Any:
+    """Await work running in a thread, or raise InvocationTimeout at the deadline."""
+    try:
+        return await asyncio.wait_for(work, deadline - asyncio.get_running_loop().time())
+    except TimeoutError:
+        raise InvocationTimeout("the deadline passed") from None

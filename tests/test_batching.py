@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from mmserver.batching import (
+    InvocationTimeout,
     ModelError,
     ModelOutOfMemory,
     ModelRunner,
@@ -462,5 +463,25 @@ def test_a_plain_function_gets_its_inputs_where_they_are():
         async with ModelRunner(lambda x: seen.append(x.device) or x, max_wait=0) as runner:
             await runner.submit(torch.ones(1, 1))
         assert runner.device is None and seen == [torch.device("cpu")]
+
+    run(main())
+
+
+def test_a_request_past_its_deadline_is_answered_and_never_computed():
+    async def main():
+        model = RecordingModel()
+        model.gate.clear()
+        async with ModelRunner(model, max_batch_size=1, max_wait=0) as runner:
+            first = asyncio.create_task(runner.submit(torch.zeros(1, 2)))
+            await asyncio.sleep(0.05)  # in the model, held at the gate
+            loop = asyncio.get_running_loop()
+            with pytest.raises(InvocationTimeout):
+                await runner.submit(torch.ones(1, 2), deadline=loop.time() + 0.05)
+            assert runner.queue_depth == 0
+            model.gate.set()
+            await first
+        assert model.rows_seen == 1
+        stats = runner.stats
+        assert (stats.requests_completed, stats.requests_failed) == (1, 1)
 
     run(main())

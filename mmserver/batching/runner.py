@@ -81,18 +81,19 @@ class Reservation:
     :meth:`release` (also on leaving a ``with``).
     """
 
-    def __init__(self, enqueue: Callable[[Any], Any], give_back: Callable[[], None]):
+    def __init__(self, enqueue: Callable[[Any, float | None], Any],
+                 give_back: Callable[[], None]):
         self._enqueue = enqueue
         self._give_back = give_back
         self._open = True
 
-    async def submit(self, data: Any) -> Any:
+    async def submit(self, data: Any, *, deadline: float | None = None) -> Any:
         """Queue the decoded input in this slot and await its output rows."""
         if not self._open:
             raise RuntimeError("this reservation was already used")
         self._open = False
         self._give_back()
-        return await self._enqueue(data)
+        return await self._enqueue(data, deadline)
 
     def release(self) -> None:
         """Give the slot back without submitting (decoding failed, say)."""
@@ -267,10 +268,15 @@ class ModelRunner:
         self._reserved += 1
         return Reservation(self._enqueue, self._give_back_slot)
 
-    async def submit(self, data: Any) -> Any:
-        """Queue ``data`` (rows along dimension 0) and await its output rows."""
+    async def submit(self, data: Any, *, deadline: float | None = None) -> Any:
+        """Queue ``data`` (rows along dimension 0) and await its output rows.
+
+        ``deadline`` (the loop's clock): if no answer has come by then, the request
+        leaves the queue (or its batch is answered without it) with
+        :class:`InvocationTimeout`.
+        """
         self.check_admission()
-        return await self._enqueue(data)
+        return await self._enqueue(data, deadline)
 
     def _give_back_slot(self) -> None:
         self._reserved -= 1
@@ -284,7 +290,7 @@ class ModelRunner:
         batches_ahead = math.ceil(self.queue_depth / self.max_batch_size)
         return max(1.0, batches_ahead * per_batch)
 
-    async def _enqueue(self, data: Any) -> Any:
+    async def _enqueue(self, data: Any, deadline: float | None = None) -> Any:
         if self.concatenate:
             rows, key = rows_of(data), batch_key(data)
         else:
@@ -296,6 +302,7 @@ class ModelRunner:
         self._queue.append(request)
         self.stats.requests_submitted += 1
         self._wakeup.set()
+        timer = None if deadline is None else self._loop.call_at(deadline, self._expire, request)
         try:
             return await request.future
         except asyncio.CancelledError:
@@ -305,6 +312,17 @@ class ModelRunner:
             if request.future.cancelled():  # else it was answered just before the cancel
                 self.stats.requests_cancelled += 1
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _expire(self, request: _Request) -> None:
+        """The request's deadline passed: answer it now and free its place in the queue."""
+        self._answer(request, error=InvocationTimeout(
+            f"model {self.name!r} did not answer before the request's deadline"))
+        if request in self._queue:
+            self._queue.remove(request)
+            self._wakeup.set()
 
     # -- the batching loop ---------------------------------------------------
 
