@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import logging
 import math
@@ -13,54 +12,22 @@ from typing import Any
 
 import torch
 
+from mmserver.batching.failures import as_model_error, is_out_of_memory
 from mmserver.batching.planner import BatchPlanner
+from mmserver.batching.reservation import Reservation
 from mmserver.batching.rows import batch_key, moved, rows_of, split_rows
 from mmserver.batching.rows import concatenate as concatenate_rows
 from mmserver.batching.settings import BatchSettings
+from mmserver.batching.stats import BatchRecord, RunnerStats
 from mmserver.errors import (
     InvocationTimeout,
-    ModelError,
-    ModelOutOfMemory,
     ModelUnhealthy,
     QueueFull,
     RunnerClosed,
-    summarize_error,
 )
 from mmserver.workers import WorkerPool
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchRecord:
-    """What one model call did; handed to listeners after every batch."""
-
-    rows: int
-    requests: int
-    queue_wait_seconds: tuple[float, ...]
-    compute_seconds: float
-    failed_requests: int
-
-
-@dataclasses.dataclass
-class RunnerStats:
-    """Plain running totals; exporters (Prometheus, notebooks) read them."""
-
-    requests_submitted: int = 0
-    requests_completed: int = 0
-    requests_failed: int = 0
-    requests_rejected: int = 0
-    requests_cancelled: int = 0
-    batches: int = 0
-    rows: int = 0
-    batch_size_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    queue_wait_seconds_total: float = 0.0
-    compute_seconds_total: float = 0.0
-
-    @property
-    def mean_batch_size(self) -> float:
-        """Mean rows per model call (0 before the first batch)."""
-        return self.rows / self.batches if self.batches else 0.0
 
 
 @dataclasses.dataclass(eq=False)
@@ -70,42 +37,6 @@ class _Request:
     arrival: float
     rows: int
     key: Any
-
-
-class Reservation:
-    """A queue slot taken before the request body is decoded.
-
-    The server reserves once the body has arrived and before decoding it, so a
-    request that is being decoded counts toward the queue and ``greedy`` knows
-    company is on its way. The slot is given back by :meth:`submit` or
-    :meth:`release` (also on leaving a ``with``).
-    """
-
-    def __init__(self, enqueue: Callable[[Any, float | None], Any],
-                 give_back: Callable[[], None]):
-        self._enqueue = enqueue
-        self._give_back = give_back
-        self._open = True
-
-    async def submit(self, data: Any, *, deadline: float | None = None) -> Any:
-        """Queue the decoded input in this slot and await its output rows."""
-        if not self._open:
-            raise RuntimeError("this reservation was already used")
-        self._open = False
-        self._give_back()
-        return await self._enqueue(data, deadline)
-
-    def release(self) -> None:
-        """Give the slot back without submitting (decoding failed, say)."""
-        if self._open:
-            self._open = False
-            self._give_back()
-
-    def __enter__(self) -> Reservation:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
 
 
 class ModelRunner:
@@ -384,7 +315,7 @@ class ModelRunner:
             return
         except Exception as error:  # noqa: BLE001 - any model error is the request's answer
             if len(live) == 1:
-                self._answer(live[0], error=_as_model_error(error, self.name))
+                self._answer(live[0], error=as_model_error(error, self.name))
                 return
             log.warning("model=%s batch of %d requests failed (%s); retrying smaller",
                         self.name, len(live), error.__class__.__name__)
@@ -452,12 +383,7 @@ class ModelRunner:
             self.stats.requests_failed += 1
 
     def _record(self, record: BatchRecord) -> None:
-        stats = self.stats
-        stats.batches += 1
-        stats.rows += record.rows
-        stats.batch_size_counts[record.rows] += 1
-        stats.queue_wait_seconds_total += sum(record.queue_wait_seconds)
-        stats.compute_seconds_total += record.compute_seconds
+        self.stats.add(record)
         for listener in self._listeners:
             try:
                 listener(record)
@@ -470,22 +396,6 @@ class ModelRunner:
         self._in_flight, self._queue = [], []
         for request in leftovers:
             self._answer(request, error=RunnerClosed(f"model {self.name!r} stopped"))
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """Host or device memory ran out (``MemoryError``, ``torch.OutOfMemoryError``)."""
-    return isinstance(error, (MemoryError, torch.OutOfMemoryError))
-
-
-def _as_model_error(error: BaseException, name: str) -> ModelError:
-    if isinstance(error, ModelError):
-        return error
-    kind = ModelOutOfMemory if is_out_of_memory(error) else ModelError
-    cause = error.__cause__ if error.__class__.__name__ == "UserCodeExit" else error
-    wrapped = kind(
-        f"model {name!r} failed: {cause.__class__.__name__}: {summarize_error(cause)}")
-    wrapped.__cause__ = error
-    return wrapped
 
 
 def _parameters_device(model: Any) -> torch.device | None:

@@ -1,0 +1,50 @@
+"""What a runner counts: one record per model call, and running totals over them.
+
+The runner keeps these as plain numbers and hands every :class:`BatchRecord`
+to its listeners; exporters (Prometheus in ``mmserver.metrics``, a notebook's
+plots) read them, so the batching core needs no metrics library.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchRecord:
+    """What one model call did; handed to listeners after every batch."""
+
+    rows: int
+    requests: int
+    queue_wait_seconds: tuple[float, ...]
+    compute_seconds: float
+    failed_requests: int
+
+
+@dataclasses.dataclass
+class RunnerStats:
+    """Plain running totals; exporters (Prometheus, notebooks) read them."""
+
+    requests_submitted: int = 0
+    requests_completed: int = 0
+    requests_failed: int = 0
+    requests_rejected: int = 0
+    requests_cancelled: int = 0
+    batches: int = 0
+    rows: int = 0
+    batch_size_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    queue_wait_seconds_total: float = 0.0
+    compute_seconds_total: float = 0.0
+
+    def add(self, record: BatchRecord) -> None:
+        self.batches += 1
+        self.rows += record.rows
+        self.batch_size_counts[record.rows] += 1
+        self.queue_wait_seconds_total += sum(record.queue_wait_seconds)
+        self.compute_seconds_total += record.compute_seconds
+
+    @property
+    def mean_batch_size(self) -> float:
+        """Mean rows per model call (0 before the first batch)."""
+        return self.rows / self.batches if self.batches else 0.0
