@@ -462,7 +462,8 @@ def main() -> None:
         writer.writerows(rows)
     (out / "peers.md").write_text(
         f"# mmserver and its peers\n\n`python bench/peers.py --seconds {args.seconds:g} "
-        f"--rounds {args.rounds}`: servers on core {harness.SERVER_CPU}, "
+        f"--rounds {args.rounds}`: servers on core {harness.SERVER_CPU} (the others paused "
+        f"during each server's window), "
         f"{'wrk' if shutil.which('wrk') else 'an aiohttp closed loop'} on core "
         f"{harness.LOAD_CPU}, small CNN, one 3x32x32 `.npy` input per request, max batch "
         f"{MAX_BATCH_SIZE}, max wait {MAX_WAIT_MS} ms.\n\n{table}")
