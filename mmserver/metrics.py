@@ -29,7 +29,7 @@ from mmserver.batching import BatchRecord
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: Batch sizes in rows: powers of two up to the largest sensible max_batch_size.
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-#: The ``model`` label of invocations of a name that is not loaded (as ``app`` labels them).
+#: The ``model`` label of invocations of a name that is not loaded (unknown, or unloaded since).
 NOT_LOADED_LABEL = "(not loaded)"
 
 
