@@ -6,7 +6,7 @@ single item: the call is dominated by a fixed cost (launching every kernel, an i
 device waiting for work), not by arithmetic per item. A CPU core shows the same shape for
 a network of many tiny layers: each layer costs a few microseconds of dispatch whatever
 the batch, and its arithmetic per row (a 16x16 matrix) is almost nothing. With
-``STANDIN_DEPTH`` layers a call takes ~13 ms at batch 1 and only a little more at batch 32
+``STANDIN_DEPTH`` layers a call takes ~35 ms at batch 1 and only a little more at batch 32
 on the development machine, which is the regime of a GPU, not of resnet18 on a CPU.
 It is a real network (a residual-free MLP, random weights), not a sleep: its cost is real
 CPU work, so it competes with the HTTP work for the server's core as a model does.
@@ -25,7 +25,7 @@ from torch import nn
 from loadtests._payload import ROW_SHAPES
 
 #: Layers and width of the stand-in (see the module docstring).
-STANDIN_DEPTH = 6000
+STANDIN_DEPTH = 16000
 STANDIN_WIDTH = ROW_SHAPES["standin"][-1]
 
 

@@ -1,0 +1,158 @@
+"""The sweep's helpers on their own, without servers: the grid rules, the queueing model, the
+plots' arithmetic, the stand-in model and the published figures. Fast (no locust, no server)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import warnings
+
+import pytest
+import torch
+from conftest import ROOT
+
+if str(ROOT) not in sys.path:  # loadtests/ is a folder of the repository, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from loadtests import plots, published, queueing, sweep
+from loadtests._payload import PAYLOADS, ROW_SHAPES
+
+COMMITTED = ROOT / "results" / "cpu" / "sweep.csv"
+
+
+# -- the grid ----------------------------------------------------------------------------------
+
+
+def test_grid_runs_batch_size_one_at_one_wait_and_timer_where_asked():
+    grid = sweep.Grid(policies=("greedy", "timer"), batch_sizes=(1, 8, 16), waits_ms=(0, 5, 20),
+                      loads_rps=(10,), duration_s=1, timer_batch_sizes=(16,))
+    settings = grid.settings()
+    assert [s for s in settings if s[1] == 1] == [("greedy", 1, 0)]
+    assert {s for s in settings if s[0] == "timer"} == {("timer", 16, 5), ("timer", 16, 20)}
+    assert ("greedy", 8, 20) in settings
+
+
+@pytest.mark.parametrize("model", sorted(sweep.GRIDS))
+def test_every_model_has_a_body_and_its_full_grid_holds_the_shipped_defaults(model):
+    full, quick = sweep.GRIDS[model]
+    assert model in PAYLOADS and model in ROW_SHAPES
+    assert quick.settings() and len(quick.settings()) * len(quick.loads_rps) == 4
+    if model in ("resnet18", "standin"):
+        assert ("greedy", 16, 5) in full.settings()
+
+
+# -- the queueing model ------------------------------------------------------------------------
+
+
+def test_fit_recovers_a_line():
+    sizes = [1, 2, 4, 8, 16, 32]
+    cost = queueing.fit_batch_cost(sizes, [0.004 + 0.002 * b for b in sizes])
+    assert cost.a == pytest.approx(0.004, rel=1e-6) and cost.c == pytest.approx(0.002, rel=1e-6)
+    assert cost.offline_ceiling(32) == pytest.approx(32 / 0.068)
+    with pytest.raises(ValueError):
+        queueing.fit_batch_cost([4, 4], [0.01, 0.01])
+
+
+def test_capacity_grows_with_the_batch_cap_and_stops_at_c_plus_t_http():
+    cost = queueing.BatchCost(a=0.010, c=0.001)
+    caps = [queueing.capacity(cost, 0.0005, b) for b in (1, 8, 32, 10_000)]
+    assert caps == sorted(caps)
+    assert caps[0] == pytest.approx(1 / 0.0115)
+    assert caps[-1] == pytest.approx(1 / 0.0015, rel=0.01)
+
+
+def test_predictions_below_and_past_capacity():
+    cost, t_http = queueing.BatchCost(a=0.010, c=0.001), 0.0005
+    cap = queueing.capacity(cost, t_http, 16)
+    low, mid, past = (queueing.predict(cost, t_http, 16, rate) for rate in (5, 0.8 * cap, 1.5 * cap))
+    assert low.served == 5 and low.mean_batch == 1 and not low.saturated
+    assert mid.served == pytest.approx(0.8 * cap) and mid.mean_batch > 2
+    assert past.saturated and past.served == pytest.approx(cap) and past.mean_batch == 16
+    assert low.p99_ms < mid.p99_ms <= past.p99_ms
+    assert low.mean_ms >= (cost(1) + t_http) * 1e3  # never below one call and its HTTP work
+    # the timer policy waits for company at low load; greedy does not
+    timer = queueing.predict(cost, t_http, 16, 5, max_wait_s=0.020, policy="timer")
+    assert timer.p99_ms >= low.p99_ms + 19
+
+
+def test_unbatched_setting_is_an_md1_queue_that_saturates_at_one_over_service():
+    cost, t_http = queueing.BatchCost(a=0.008, c=0.002), 0.001
+    service = t_http + cost(1)
+    assert queueing.predict(cost, t_http, 1, 0.5 / service).mean_ms == pytest.approx(
+        (service + 0.5 * service / (2 * 0.5)) * 1e3)
+    assert queueing.predict(cost, t_http, 1, 1.01 / service).saturated
+
+
+# -- plots' arithmetic ---------------------------------------------------------------------------
+
+
+def _row(size, hist, mean, batches, **extra):
+    return {"policy": "greedy", "max_batch_size": size, "max_wait_ms": 0.0, "offered_rps": 10.0,
+            "batch_size_hist": hist, "mean_batch_size": mean, "batches": batches,
+            "p99_ms": 50.0, "shed_503": 0, **extra}
+
+
+def test_share_of_requests_weights_batches_by_their_rows():
+    # 10 batches of 1 and 2 batches in 5-8 (say 8 rows each): 26 rows in all
+    row = _row(8, {"1": 10, "2": 0, "4": 0, "8": 2}, mean=26 / 12, batches=12)
+    shares = dict(plots.requests_by_bucket(row))
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares["1"] < 0.5 < shares["5-8"]  # most batches are single, most requests are not
+
+
+def test_heatmap_fills_the_unbatched_row_across_greedy_waits():
+    rows = [_row(1, {}, 1, 1, p99_ms=30.0),
+            {**_row(8, {}, 2, 1, p99_ms=40.0), "max_wait_ms": 0.0},
+            {**_row(8, {}, 2, 1, p99_ms=45.0), "max_wait_ms": 5.0}]
+    sizes, columns, grid = plots.heatmap_grid(rows, 10.0)
+    assert sizes == [1, 8] and columns == [("greedy", 0.0), ("greedy", 5.0)]
+    assert list(grid[0]) == [30.0, 30.0] and list(grid[1]) == [40.0, 45.0]
+
+
+def test_committed_sweep_plots_and_explanation():
+    rows = plots.load_rows(COMMITTED)
+    assert any((r["policy"], r["max_batch_size"], r["max_wait_ms"]) == ("greedy", 16, 5.0)
+               for r in rows), "the shipped defaults must be in the committed grid"
+    cost = queueing.BatchCost(a=0.005, c=0.003)
+    figures = [plots.plot_frontier(rows, budget_ms=100),
+               plots.plot_batch_size_distribution(rows, share="requests"),
+               plots.plot_p99_heatmaps(rows, budget_ms=100),
+               plots.plot_model_vs_measured(rows, cost, 0.0005)]
+    for figure in figures:
+        assert figure.get_suptitle()
+        for ax in figure.axes:
+            if ax.get_visible() and ax.get_label() != "<colorbar>":
+                assert ax.get_xlabel() and ax.get_ylabel() and ax.get_title(), ax
+    assert "share of requests" in figures[1].axes[0].get_ylabel()
+    text = plots.explain_recommendation(rows, 100)
+    pick = plots.recommend(rows, 100)
+    assert f"--max-batch-size {pick['max_batch_size']}" in text
+    assert "No setting" in plots.explain_recommendation(rows, 0.001)
+
+
+# -- the stand-in and the published figures -------------------------------------------------------
+
+
+def test_standin_is_deep_narrow_and_servable(tmp_path):
+    from loadtests.models import DeepNarrow, write_model
+
+    small = DeepNarrow(depth=3, width=4)
+    assert small(torch.zeros(5, 4)).shape == (5, 4)
+    write_model("standin", tmp_path / "standin")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded = torch.jit.load(str(tmp_path / "standin" / "model.pt"))
+    assert loaded(torch.zeros(3, *ROW_SHAPES["standin"][1:])).shape[0] == 3
+    assert not (tmp_path / "standin" / "mmserver.json").exists()
+
+
+def test_published_figures_are_consistent():
+    for figures in published.RESNET50.values():
+        assert len(figures["images_per_s"]) == len(figures["latency_ms"]) == len(published.BATCH_SIZES)
+        # throughput x latency ~ batch size (both are averages of the same runs)
+        for b, ips, ms in zip(published.BATCH_SIZES, figures["images_per_s"], figures["latency_ms"]):
+            assert ips * ms / 1000 == pytest.approx(b, rel=0.15), (b, ips, ms)
+    assert published.gain("V100 16GB, mixed precision", 32) > 25
+    assert json.dumps(published.SOURCE)
+    assert not math.isnan(published.gain("T4, FP32", 256))
