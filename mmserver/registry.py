@@ -196,14 +196,15 @@ class ModelRegistry:
             state = self._entries[name].state
             raise ModelAlreadyLoaded(f"model {name!r} is already {state}")
         estimate = estimated_memory_bytes(path)
-        self._check_capacity(estimate)
+        self._check_model_cap()
+        self._check_memory(estimate, "estimated from its files")
         entry = ModelEntry(name=name, url=url, path=path, memory_bytes=estimate)
         self._entries[name] = entry
         started = time.perf_counter()
         try:
             handler = await self._build_handler(name, path)
             entry.memory_bytes = max(handler.memory_bytes, estimate)
-            self._check_capacity(0, exclude=entry, needed_by=entry)
+            self._check_memory(entry.memory_bytes, "measured", loading=entry)
             batch = _batch_settings(self.settings.batch, handler.batch_overrides)
             runner = ModelRunner(handler.predict, batch, device=self.device, name=name,
                                  concatenate=handler.row_wise,
@@ -252,19 +253,16 @@ class ModelRegistry:
         finally:
             pool.close()
 
-    def _check_capacity(self, needed: int, *, exclude: ModelEntry | None = None,
-                        needed_by: ModelEntry | None = None) -> None:
-        """507 past the model cap, or when ``needed`` bytes (plus ``needed_by``'s) do not fit."""
-        if exclude is None and self.settings.max_models is not None \
-                and len(self._entries) >= self.settings.max_models:
+    def _check_model_cap(self) -> None:
+        if self.settings.max_models is not None and len(self._entries) >= self.settings.max_models:
             raise InsufficientResources(
                 f"{len(self._entries)} models are loaded or loading, the most allowed "
                 f"(MMSERVER_MAX_MODELS={self.settings.max_models}); unload one first")
-        used = self.memory_used_bytes() - (exclude.memory_bytes if exclude else 0)
-        if needed_by is not None:
-            needed = needed_by.memory_bytes
+
+    def _check_memory(self, needed: int, how: str, loading: ModelEntry | None = None) -> None:
+        """507 when ``needed`` bytes do not fit beside the other models (``loading`` aside)."""
+        used = sum(e.memory_bytes for e in self._entries.values() if e is not loading)
         if used + needed > self.memory_budget_bytes:
-            how = "measured" if needed_by is not None else "estimated from its files"
             raise InsufficientResources(
                 f"the model needs {needed / 2**20:.1f} MiB ({how}) but only "
                 f"{max(0, self.memory_budget_bytes - used) / 2**20:.1f} MiB of the "
