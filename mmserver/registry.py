@@ -269,9 +269,6 @@ class ModelRegistry:
                 f"{self.memory_budget_bytes / 2**20:.1f} MiB budget is free "
                 "(MMSERVER_MEMORY_BUDGET_MB); unload a model first")
 
-    def memory_used_bytes(self) -> int:
-        return sum(e.memory_bytes for e in self._entries.values())
-
     # -- lookup --------------------------------------------------------------
 
     def find(self, name: str) -> ModelEntry:
