@@ -237,9 +237,7 @@ class ModelRunner:
         try:
             return await request.future
         except asyncio.CancelledError:
-            if request in self._queue:
-                self._queue.remove(request)
-                self._wakeup.set()
+            self._leave_queue(request)
             if request.future.cancelled():  # else it was answered just before the cancel
                 self.stats.requests_cancelled += 1
             raise
@@ -251,6 +249,10 @@ class ModelRunner:
         """The request's deadline passed: answer it now and free its place in the queue."""
         self._answer(request, error=InvocationTimeout(
             f"model {self.name!r} did not answer before the request's deadline"))
+        self._leave_queue(request)
+
+    def _leave_queue(self, request: _Request) -> None:
+        """A request answered before its batch (cancelled, expired) frees its place at once."""
         if request in self._queue:
             self._queue.remove(request)
             self._wakeup.set()
