@@ -18,7 +18,7 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from mmserver.batching import POLICIES, BatchSettings
+from mmserver.batching import POLICIES, SIZINGS, BatchSettings
 from mmserver.config import Settings
 from mmserver.errors import MMServerError
 from mmserver.resources import usable_cpus
@@ -78,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
                        f"(MMSERVER_MAX_QUEUE_SIZE, default {defaults.max_queue_size})")
     serve.add_argument("--policy", choices=POLICIES,
                        help=f"batching policy (MMSERVER_BATCH_POLICY, default {defaults.policy})")
+    serve.add_argument("--batch-sizing", choices=SIZINGS,
+                       help="when a batch is full: at max-batch-size rows, or at the size measured "
+                            "to serve the most rows/s (MMSERVER_BATCH_SIZING, default "
+                            f"{defaults.batch_sizing})")
     serve.add_argument("--no-access-log", action="store_true", help="no line per request")
     serve.add_argument("--log-level", default="INFO")
     examples = commands.add_parser("examples", help="write the example models")
@@ -99,6 +103,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "max_wait": None if args.max_wait_ms is None else args.max_wait_ms / 1000.0,
         "max_queue_size": args.max_queue_size,
         "policy": args.policy,
+        "batch_sizing": args.batch_sizing,
     }))
     return dataclasses.replace(base, batch=batch, preload=tuple(args.preload), **_given({
         "host": args.host,

@@ -88,6 +88,7 @@ BATCH_VARIABLES = {
     "max_wait": ("MMSERVER_MAX_WAIT_MS", number, 1000),
     "max_queue_size": ("MMSERVER_MAX_QUEUE_SIZE", integer, None),
     "policy": ("MMSERVER_BATCH_POLICY", text, None),
+    "batch_sizing": ("MMSERVER_BATCH_SIZING", text, None),
 }
 
 

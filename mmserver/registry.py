@@ -100,6 +100,8 @@ class ModelEntry:
                     "meanBatchSize": round(stats.mean_batch_size, 3),
                 },
             })
+            if self.runner.sizer is not None:
+                described["stats"]["measuredBatchSize"] = self.runner.sizer.best
         return described
 
 

@@ -26,12 +26,13 @@ def test_variables_are_read():
         "SAGEMAKER_MAX_PAYLOAD_IN_MB": "1.5", "SAGEMAKER_MODEL_SERVER_TIMEOUT": "7",
         "SAGEMAKER_PROGRAM": "serve.py", "MMSERVER_MAX_BATCH_SIZE": "8",
         "MMSERVER_MAX_WAIT_MS": "12.5", "MMSERVER_MAX_QUEUE_SIZE": "3",
-        "MMSERVER_BATCH_POLICY": "timer", "MMSERVER_MEMORY_BUDGET_MB": "100",
+        "MMSERVER_BATCH_POLICY": "timer", "MMSERVER_BATCH_SIZING": "measured",
+        "MMSERVER_MEMORY_BUDGET_MB": "100",
         "MMSERVER_MAX_MODELS": "4", "MMSERVER_MODEL_ROOTS": "/a:/b"})
     assert settings.port == 9000 and settings.multi_model is False
     assert settings.max_payload_bytes == int(1.5 * 1024 * 1024)
     assert settings.model_server_timeout_seconds == 7 and settings.program == "serve.py"
-    assert settings.batch == BatchSettings(8, 0.0125, 3, "timer")
+    assert settings.batch == BatchSettings(8, 0.0125, 3, "timer", "measured")
     assert settings.memory_budget_bytes == 100 * 1024 * 1024 and settings.max_models == 4
     assert settings.model_roots == (Path("/a"), Path("/b"))
 
@@ -39,9 +40,10 @@ def test_variables_are_read():
 @pytest.mark.parametrize("env", [{"MMSERVER_MAX_BATCH_SIZE": "many"},
                                  {"MMSERVER_MAX_BATCH_SIZE": "0"},
                                  {"MMSERVER_BATCH_POLICY": "fifo"},
+                                 {"MMSERVER_BATCH_SIZING": "fastest"},
                                  {"MMSERVER_MAX_WAIT_MS": "-1"}])
 def test_bad_variables_are_refused_by_name(env):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=next(iter(env))):
         Settings.from_env(env)
 
 
@@ -62,6 +64,6 @@ def test_model_overrides_are_checked():
     assert base.overridden({"max_batch_size": 64, "max_wait_ms": 2}) == BatchSettings(
         64, 0.002, 256, "greedy")
     for bad in ({"max_batch": 3}, {"max_batch_size": "3"}, {"max_wait_ms": True},
-                {"policy": "fifo"}):
+                {"policy": "fifo"}, {"batch_sizing": "fastest"}):
         with pytest.raises(ValueError):
             base.overridden(bad)

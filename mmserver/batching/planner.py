@@ -18,6 +18,9 @@ The rules (see ``mmserver.batching`` for the knobs):
 * ``greedy``: run as soon as the model is free, unless requests are *on their
   way* (admitted, body still being decoded); then wait for them at most until
   the oldest has waited ``max_wait``.
+* ``batch_sizing="measured"``: a batch is full at the size the runner's
+  ``BatchSizer`` measured to serve the most rows per second (never more than
+  ``max_batch_size``); see ``sizing.py``.
 * Closing: run whatever is queued at once.
 * Without concatenation (user code that is not row-wise) every request is a
   batch of its own, oldest first.
@@ -58,17 +61,21 @@ class BatchPlanner:
         self.concatenate = concatenate
 
     def plan(self, queue: Sequence[Pending], *, now: float, on_the_way: int = 0,
-             closing: bool = False) -> Plan:
+             closing: bool = False, batch_size: int | None = None) -> Plan:
         """The next step for ``queue`` (oldest first) at time ``now``.
 
         ``on_the_way`` counts requests admitted but not yet queued (still decoding).
+        ``batch_size`` (at most ``max_batch_size``, its default) is how many rows
+        make a full batch this time; the runner's ``BatchSizer`` chooses it.
         """
         if not queue:
             return WAIT_FOR_NEWS
         if not self.concatenate:
             return Plan(take=(0,))
-        batch = self.compatible(queue)
-        full = sum(queue[i].rows for i in batch) >= self.max_batch_size or (
+        full_rows = self.max_batch_size if batch_size is None else min(batch_size,
+                                                                       self.max_batch_size)
+        batch = self.compatible(queue, full_rows)
+        full = sum(queue[i].rows for i in batch) >= full_rows or (
             len(batch) < len(queue) and self._next_would_overflow(queue, batch))
         if closing or full:
             return Plan(take=batch)
@@ -79,13 +86,14 @@ class BatchPlanner:
             return Plan(take=batch)
         return Plan(wait=remaining)
 
-    def compatible(self, queue: Sequence[Pending]) -> tuple[int, ...]:
+    def compatible(self, queue: Sequence[Pending], full_rows: int | None = None) -> tuple[int, ...]:
         """Positions of the requests that would run with the oldest, if it ran now."""
+        limit = self.max_batch_size if full_rows is None else full_rows
         oldest = queue[0]
         taken, rows = [0], oldest.rows
         for position in range(1, len(queue)):
             request = queue[position]
-            if request.key == oldest.key and rows + request.rows <= self.max_batch_size:
+            if request.key == oldest.key and rows + request.rows <= limit:
                 taken.append(position)
                 rows += request.rows
         return tuple(taken)

@@ -18,6 +18,7 @@ from mmserver.batching.reservation import Reservation
 from mmserver.batching.rows import batch_key, moved, rows_of, split_rows
 from mmserver.batching.rows import concatenate as concatenate_rows
 from mmserver.batching.settings import BatchSettings
+from mmserver.batching.sizing import BatchSizer
 from mmserver.batching.stats import BatchRecord, RunnerStats
 from mmserver.errors import (
     InvocationTimeout,
@@ -91,6 +92,8 @@ class ModelRunner:
                                     max_batch_size=self.settings.max_batch_size,
                                     max_wait=self.settings.max_wait, concatenate=concatenate)
         self.stats = RunnerStats()
+        self.sizer = (BatchSizer(self.settings.max_batch_size)
+                      if self.settings.batch_sizing == "measured" and concatenate else None)
         self._listeners: list[Callable[[BatchRecord], None]] = []
         self._queue: list[_Request] = []
         self._reserved = 0
@@ -102,6 +105,7 @@ class ModelRunner:
         self._in_flight: list[_Request] = []
         self._call_started: float | None = None
         self._stuck = False
+        self._model_seconds: list[float] = []
 
     # The knobs, read through the settings they came from.
     max_batch_size = property(lambda self: self.settings.max_batch_size)
@@ -266,8 +270,10 @@ class ModelRunner:
                 self._drop_cancelled()
                 if self._closing and not self._queue and self._reserved == 0:
                     return
-                plan = self.planner.plan(self._queue, now=self._loop.time(),
-                                         on_the_way=self._reserved, closing=self._closing)
+                plan = self.planner.plan(
+                    self._queue, now=self._loop.time(), on_the_way=self._reserved,
+                    closing=self._closing,
+                    batch_size=self.sizer.next_size if self.sizer is not None else None)
                 if plan.take:
                     await self._execute(self._take(plan.take))
                 elif plan.wait is None:
@@ -295,11 +301,14 @@ class ModelRunner:
         waits = tuple(now - r.arrival for r in batch)
         started = time.perf_counter()
         self._in_flight = batch  # answered by _fail_leftovers if the task dies mid-batch
+        self._model_seconds = []
         await self._run_isolated(batch)
         self._in_flight = []
         compute = time.perf_counter() - started
         failed = sum(1 for r in batch if r.future.done() and not r.future.cancelled()
                      and r.future.exception() is not None)
+        if self.sizer is not None and not failed and len(self._model_seconds) == 1:
+            self.sizer.record(sum(r.rows for r in batch), self._model_seconds[0])
         self._record(BatchRecord(rows=sum(r.rows for r in batch), requests=len(batch),
                                  queue_wait_seconds=waits, compute_seconds=compute,
                                  failed_requests=failed))
@@ -370,8 +379,10 @@ class ModelRunner:
             batch = inputs[0] if len(inputs) == 1 else concatenate_rows(inputs)
             if self.device is not None:
                 batch = moved(batch, self.device)
-            output = self.model(batch)
-            return split_rows(moved(output, None, to_cpu=True), sizes)
+            started = time.perf_counter()
+            output = moved(self.model(batch), None, to_cpu=True)
+            self._model_seconds.append(time.perf_counter() - started)  # the sizer's measure
+            return split_rows(output, sizes)
 
     def _answer(self, request: _Request, *, result: Any = None,
                 error: BaseException | None = None) -> None:

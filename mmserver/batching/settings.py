@@ -13,16 +13,18 @@ import math
 from collections.abc import Mapping
 
 POLICIES = ("greedy", "timer")
+SIZINGS = ("max", "measured")
 
 
 @dataclasses.dataclass(frozen=True)
 class BatchSettings:
-    """The four knobs of one runner, checked once here (see the module docstring)."""
+    """The knobs of one runner, checked once here (see the module docstring)."""
 
     max_batch_size: int = 16
     max_wait: float = 0.005
     max_queue_size: int = 256
     policy: str = "greedy"
+    batch_sizing: str = "max"
 
     def __post_init__(self):
         if isinstance(self.max_batch_size, bool) or not isinstance(self.max_batch_size, int) \
@@ -37,9 +39,11 @@ class BatchSettings:
             raise ValueError(f"max_queue_size must be an integer >= 1, got {self.max_queue_size!r}")
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.batch_sizing not in SIZINGS:
+            raise ValueError(f"batch_sizing must be one of {SIZINGS}, got {self.batch_sizing!r}")
 
     #: Keys of a model's ``mmserver.json`` that override these settings (wait in ms there).
-    OVERRIDE_KEYS = ("max_batch_size", "max_wait_ms", "max_queue_size", "policy")
+    OVERRIDE_KEYS = ("max_batch_size", "max_wait_ms", "max_queue_size", "policy", "batch_sizing")
 
     def overridden(self, overrides: Mapping[str, object]) -> BatchSettings:
         """These settings with a model's ``mmserver.json`` on top; unknown keys are refused."""
@@ -58,4 +62,5 @@ class BatchSettings:
     def as_dict(self) -> dict[str, object]:
         """The ``batching`` object of ``GET /models/{name}``."""
         return {"maxBatchSize": self.max_batch_size, "maxWaitMs": self.max_wait * 1000.0,
-                "maxQueueSize": self.max_queue_size, "policy": self.policy}
+                "maxQueueSize": self.max_queue_size, "policy": self.policy,
+                "batchSizing": self.batch_sizing}
