@@ -5,6 +5,8 @@ same small CNN (``harness.SmallCNN``, one 3x32x32 ``.npy`` input per request,
 about 12 KB); the load generator runs on core 1. The peers:
 
 * ``mmserver``: ``python -m mmserver serve`` with its defaults, max batch 16, max wait 5 ms;
+* ``mmserver-measured``: the same with ``--batch-sizing measured``: a batch is full at
+  the size (at most 16) that the model's own calls show to serve the most rows/s;
 * ``book``: the book's design (``notebooks/book_server.py``, its runner and handler
   behind aiohttp), same batch settings; its runner stacks inputs, so its body holds
   one 3x32x32 array where the others get 1x3x32x32 (the same 12 KB of data). One
@@ -44,6 +46,7 @@ import asyncio
 import contextlib
 import csv
 import io
+import json
 import os
 import re
 import shutil
@@ -70,7 +73,8 @@ MAX_WAIT_MS = 5
 MAX_QUEUE_SIZE = 256
 QUICK = os.environ.get("MMSERVER_QUICK") == "1"
 BOOK_SERVER = harness.REPO / "notebooks" / "book_server.py"
-PEERS = ("mmserver", "book", "nobatch", "bare", "torchserve")
+PEERS = ("mmserver", "mmserver-measured", "book", "nobatch", "bare", "torchserve")
+OURS = ("mmserver", "mmserver-measured")
 ANSWER = b"[[" + b",".join(b"0.0" for _ in range(10)) + b"]]"
 
 
@@ -148,6 +152,7 @@ TORCHSERVE_HANDLER = '''\
 """Written by bench/peers.py: np.load each body, one batched call, one JSON row per request."""
 import io
 import json
+import json
 
 import numpy as np
 import torch
@@ -212,10 +217,12 @@ def make_servers(root: Path, names: list[str]) -> dict[str, tuple[ServerProcess,
     batch = ["--max-batch-size", str(MAX_BATCH_SIZE), "--max-wait-ms", str(MAX_WAIT_MS),
              "--max-queue-size", str(MAX_QUEUE_SIZE)]
     servers = {}
-    if "mmserver" in names:  # its defaults, access log included, as it would be deployed
-        servers["mmserver"] = (ServerProcess(
-            ["--model-root", str(root), "--preload", f"cnn={model_dir}", "--log-level", "WARNING",
-             *batch], cwd=harness.REPO, **pin), "/models/cnn/invoke", BODY)
+    for name, sizing in zip(OURS, ("max", "measured")):  # access log on, as deployed
+        if name in names:
+            servers[name] = (ServerProcess(
+                ["--model-root", str(root), "--preload", f"cnn={model_dir}", "--log-level",
+                 "WARNING", *batch, "--batch-sizing", sizing], cwd=harness.REPO, **pin),
+                "/models/cnn/invoke", BODY)
     for kind in ("book", "nobatch", "bare"):
         if kind in names:
             servers[kind] = (ScriptServer(Path(__file__).resolve(),
@@ -372,30 +379,46 @@ def only_running(servers: dict, name: str):
                 process.resume()
 
 
-def summarize(rows: list[dict], names: list[str]) -> str:
-    """Markdown: one table per user count (req/s per round, p50, p99, ratio to mmserver)."""
+def summarize(rows: list[dict], names: list[str], settled: dict[int, object]) -> str:
+    """Markdown: one table per user count (req/s per round, p50, p99, ratios to each mmserver)."""
+    ours = [n for n in OURS if n in names]
     lines = []
     for users in sorted({r["users"] for r in rows}):
         at = [r for r in rows if r["users"] == users]
         rounds = sorted({r["round"] for r in at})
-        lines += [f"### {users} closed-loop user{'s' if users > 1 else ''}", "",
-                  "| server | req/s per round | p50 ms | p99 ms | mmserver ÷ server (median of rounds) |",
-                  "|---|---|---|---|---|"]
         by = {(r["server"], r["round"]): r for r in at}
+        lines += [f"### {users} closed-loop user{'s' if users > 1 else ''}", "",
+                  "| server | req/s per round | p50 ms | p99 ms | "
+                  + " | ".join(f"{mine} ÷ server (median of rounds)" for mine in ours) + " |",
+                  "|---|---|---|---|" + "---|" * len(ours)]
         for name in names:
             mine = [by[name, k] for k in rounds if (name, k) in by]
             if not mine:
                 continue
-            ratios = [by["mmserver", k]["rps"] / by[name, k]["rps"] for k in rounds
-                      if ("mmserver", k) in by and (name, k) in by and by[name, k]["rps"]]
-            ratio = "—" if name == "mmserver" or not ratios else (
-                f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})")
             lines.append(
                 f"| {name} | {' / '.join(format(r['rps'], '.0f') for r in mine)} "
                 f"| {statistics.median(r['p50_ms'] for r in mine):.2f} "
-                f"| {statistics.median(r['p99_ms'] for r in mine):.2f} | {ratio} |")
+                f"| {statistics.median(r['p99_ms'] for r in mine):.2f} | "
+                + " | ".join(_ratio(by, rounds, us, name) for us in ours) + " |")
+        if users in settled:
+            lines += ["", (f"After this load mmserver-measured counted a batch as full at "
+                           f"{settled[users]} rows (smaller batches run as they form).")]
         lines.append("")
     return "\n".join(lines)
+
+
+def _ratio(by: dict, rounds: list[int], ours: str, peer: str) -> str:
+    ratios = [by[ours, k]["rps"] / by[peer, k]["rps"] for k in rounds
+              if (ours, k) in by and (peer, k) in by and by[peer, k]["rps"]]
+    if peer == ours or not ratios:
+        return "—"
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
+
+
+def measured_batch_size(server: ServerProcess) -> object:
+    """What mmserver-measured's sizer chose, from ``GET /models/cnn``."""
+    status, _, raw = http_request(server.url, "GET", "/models/cnn")
+    return json.loads(raw)["stats"].get("measuredBatchSize") if status == 200 else None
 
 
 def main() -> None:
@@ -426,6 +449,7 @@ def main() -> None:
           f"{harness.LOAD_CPU}; servers on core {harness.SERVER_CPU}; {args.rounds} rounds of "
           f"{args.seconds:g} s per server and user count; body {len(BODY)} bytes")
     rows: list[dict] = []
+    settled: dict[int, object] = {}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         root = Path(tmp)
         torch.manual_seed(0)
@@ -447,11 +471,13 @@ def main() -> None:
                     with only_running(servers, name):
                         result = load(server.url + path, body, n_users, args.seconds)
                     rows.append({"users": n_users, "round": round_, "server": name, **result})
-                    print(f"users={n_users:3d} round={round_} {name:10s} {result['rps']:8.0f} req/s "
+                    print(f"users={n_users:3d} round={round_} {name:17s} {result['rps']:8.0f} req/s "
                           f"p50={result['p50_ms']:7.2f} ms p99={result['p99_ms']:7.2f} ms"
                           f"{'  non-2xx=' + str(result['non_2xx']) if result['non_2xx'] else ''}",
                           flush=True)
-    table = summarize(rows, names)
+            if "mmserver-measured" in servers:
+                settled[n_users] = measured_batch_size(servers["mmserver-measured"][0])
+    table = summarize(rows, names, settled)
     print()
     print(table)
     out.mkdir(parents=True, exist_ok=True)
@@ -466,7 +492,8 @@ def main() -> None:
         f"during each server's window), "
         f"{'wrk' if shutil.which('wrk') else 'an aiohttp closed loop'} on core "
         f"{harness.LOAD_CPU}, small CNN, one 3x32x32 `.npy` input per request, max batch "
-        f"{MAX_BATCH_SIZE}, max wait {MAX_WAIT_MS} ms.\n\n{table}")
+        f"{MAX_BATCH_SIZE}, max wait {MAX_WAIT_MS} ms; `mmserver-measured` is mmserver with "
+        f"`--batch-sizing measured`.\n\n{table}")
     print(f"wrote {out / 'peers.csv'} and {out / 'peers.md'}")
 
 
