@@ -81,9 +81,15 @@ def _reject_constant(name: str) -> float:
     raise InvalidInput(f"JSON input holds {name}; only finite numbers are allowed")
 
 
+#: Built once: ``json.loads`` with any keyword builds a new decoder per call, and
+#: ``json.dumps`` a new encoder (a few microseconds each, on every request).
+_JSON_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def _decode_json(body: bytes) -> torch.Tensor:
     try:
-        data = json.loads(body, parse_constant=_reject_constant)
+        data = _JSON_DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise InvalidInput(f"malformed JSON: {error}") from None
     except RecursionError:
@@ -251,11 +257,13 @@ _DECODERS = {JSON: _decode_json, NPY: _decode_npy, CSV: _decode_csv, JPEG: _deco
              PNG: _decode_image}
 
 
+@functools.lru_cache(maxsize=256)
 def negotiate(accept: str | None, offered: tuple[str, ...] = ENCODABLE) -> str:
     """Pick the offered type the Accept header prefers most (RFC 9110 q-values).
 
     An absent or empty header, or ``*/*``, gets JSON. Raises NotAcceptable when
-    nothing offered is allowed.
+    nothing offered is allowed. Remembered per header: clients repeat theirs, and
+    it is asked twice per request (admission, encoding).
     """
     if not accept or accept == "*/*" or not accept.strip():
         return DEFAULT_TYPE
@@ -292,7 +300,7 @@ def encode(output: Any, accept: str | None) -> tuple[bytes, str]:
     kind = negotiate(accept)
     if kind == JSON:
         try:
-            text = json.dumps(_to_python(output), separators=(",", ":"), allow_nan=False)
+            text = _JSON_ENCODER.encode(_to_python(output))
         except ValueError:
             raise OutputNotEncodable(f"the model's output holds NaN or infinity, which JSON cannot "
                              f"carry; ask for {NPY}") from None
