@@ -211,20 +211,12 @@ async def _read_json_object(request: web.Request) -> dict:
 
 # -- invocation -----------------------------------------------------------------
 
-async def invoke_model(request: web.Request) -> web.Response:
-    return await _invoke(request, request.match_info["name"])
-
-
-async def invocations(request: web.Request) -> web.Response:
-    target = request.headers.get(TARGET_MODEL_HEADER)
-    if target:
-        validate_name(target)
-        return await _invoke(request, target)
-    return await _invoke(request, SINGLE_MODEL_NAME)
-
-
-async def _invoke(request: web.Request, name: str) -> web.Response:
+async def invoke(request: web.Request) -> web.Response:
+    """``POST /models/{name}/invoke`` and ``POST /invocations``: one handler, no extra await."""
     started = time.perf_counter()
+    name = request.match_info.get("name")
+    if name is None:
+        name = _invocations_target(request)
     app = request.app
     try:
         entry = app[REGISTRY].get(name)
@@ -239,6 +231,15 @@ async def _invoke(request: web.Request, name: str) -> web.Response:
     # names that are not loaded are counted under one label, so /metrics cannot grow for ever
     app[METRICS].request_done(name, response.status, time.perf_counter() - started)
     return response
+
+
+def _invocations_target(request: web.Request) -> str:
+    """``/invocations``: the target model header's name, else the single model's."""
+    target = request.headers.get(TARGET_MODEL_HEADER)
+    if target:
+        validate_name(target)
+        return target
+    return SINGLE_MODEL_NAME
 
 
 def _invocation(request: web.Request, settings: Settings, name: str) -> Invocation:
@@ -316,8 +317,8 @@ def create_app(settings: Settings | None = None) -> web.Application:
     app.router.add_get("/models", list_models)
     app.router.add_get("/models/{name}", describe_model)
     app.router.add_delete("/models/{name}", unload_model)
-    app.router.add_post("/models/{name}/invoke", invoke_model)
-    app.router.add_post("/invocations", invocations)
+    app.router.add_post("/models/{name}/invoke", invoke)
+    app.router.add_post("/invocations", invoke)
     app.router.add_get("/ping", ping)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)

@@ -88,16 +88,27 @@ class InvocationPipeline:
         runner.check_admission()
         if not handler.checks_accept_itself:
             codecs.negotiate(context.accept)
-        body = await self._read_body(invocation)
+        if invocation.body_arrived:
+            body = await invocation.read_body(settings.max_payload_bytes)
+        else:
+            body = await self._read_body(invocation)
         # One deadline for the rest, checked by the runner's own timer and by the awaits on
         # worker threads: cheaper per request than a timeout context around it all.
         deadline = asyncio.get_running_loop().time() + settings.model_server_timeout_seconds
         try:
             with entry.invocation(), runner.reserve() as slot:
-                data = await self._decode(handler, codec_pool, body, context, deadline)
+                pool = self._decode_pool(handler, codec_pool, body, context)
+                if pool is None:  # small bodies: a thread handoff would cost more
+                    data = handler.decode(body, context)
+                else:
+                    data = await _before(deadline, pool.run(handler.decode, body, context))
                 rows = await slot.submit(data, deadline=deadline)
-                payload, content_type = await self._encode(handler, codec_pool, rows, context,
-                                                           deadline)
+                pool = self._encode_pool(handler, codec_pool, rows)
+                if pool is None:
+                    payload, content_type = handler.encode(rows, context)
+                else:
+                    payload, content_type = await _before(
+                        deadline, pool.run(handler.encode, rows, context))
         except InvocationTimeout:
             raise InvocationTimeout(
                 f"model {entry.name!r} did not answer within "
@@ -106,8 +117,6 @@ class InvocationPipeline:
         return Answer(payload, content_type.split(";")[0])
 
     async def _read_body(self, invocation: Invocation) -> bytes:
-        if invocation.body_arrived:
-            return await invocation.read_body(self.settings.max_payload_bytes)
         timeout = self.settings.body_timeout_seconds
         try:
             async with asyncio.timeout(timeout):
@@ -116,22 +125,24 @@ class InvocationPipeline:
             raise BodyTimeout(f"the request body did not arrive within {timeout:g} s "
                               "(MMSERVER_BODY_TIMEOUT)") from None
 
-    async def _decode(self, handler: ModelHandler, codec_pool: WorkerPool, body: bytes,
-                      context: RequestContext, deadline: float) -> Any:
+    def _decode_pool(self, handler: ModelHandler, codec_pool: WorkerPool, body: bytes,
+                     context: RequestContext) -> WorkerPool | None:
+        """Where to decode: the model's threads (user code), the decode threads, or here."""
         if handler.has_user_codecs:
-            return await _before(deadline, codec_pool.run(handler.decode, body, context))
+            return codec_pool
         if len(body) >= self.settings.decode_in_thread_bytes or \
                 codecs.media_type(context.content_type).startswith("image/"):
-            return await _before(deadline, self.decode_pool.run(handler.decode, body, context))
-        return handler.decode(body, context)
+            return self.decode_pool
+        return None
 
-    async def _encode(self, handler: ModelHandler, codec_pool: WorkerPool, rows: Any,
-                      context: RequestContext, deadline: float) -> tuple[bytes, str]:
+    def _encode_pool(self, handler: ModelHandler, codec_pool: WorkerPool,
+                     rows: Any) -> WorkerPool | None:
+        """Where to encode: the model's threads (user code), the decode threads, or here."""
         if handler.has_user_codecs:
-            return await _before(deadline, codec_pool.run(handler.encode, rows, context))
+            return codec_pool
         if isinstance(rows, torch.Tensor) and rows.numel() >= ENCODE_IN_THREAD_VALUES:
-            return await _before(deadline, self.decode_pool.run(handler.encode, rows, context))
-        return handler.encode(rows, context)
+            return self.decode_pool
+        return None
 
 
 async def _before(deadline: float, work: asyncio.Future) -> Any:
