@@ -18,6 +18,7 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
+from mmserver.allocator import keep_freed_memory_in_heap
 from mmserver.batching import POLICIES, SIZINGS, BatchSettings
 from mmserver.config import Settings
 from mmserver.errors import MMServerError
@@ -122,6 +123,7 @@ def serve(args: argparse.Namespace) -> None:
         settings = settings_from_args(args)
     except ValueError as error:
         sys.exit(f"mmserver: {error}")
+    keep_freed_memory_in_heap()  # before any model runs: see mmserver/allocator.py
     if "OMP_NUM_THREADS" not in os.environ:  # one intra-op thread per CPU we may really use
         import torch
         torch.set_num_threads(usable_cpus())
