@@ -10,7 +10,7 @@ The last line is
 
     overhead_ratio=<mmserver requests/s / bare handler requests/s>
 
-1.0 would mean batching and the contract cost nothing; the target is 0.6 or more.
+1.0 would mean batching and the contract cost nothing; the target is 0.8.
 
 Usage: python bench/http_overhead.py [--seconds 10] [--connections 32]
 """

@@ -2,9 +2,10 @@
 
 The sizer is pure arithmetic, so most tests feed it made-up call times: a CPU-like
 model whose batch of 8 serves more rows/s than a batch of 16 (the small CNN of
-``bench/peers.py`` measured on one core), and a GPU-like model whose batch of 16
-costs little more than a batch of 1. The last tests run a real ``ModelRunner``
-and a real server process whose model sleeps longer per row as the batch grows.
+``bench/peers.py`` on one core, glibc's allocator untuned), and a GPU-like model
+whose batch of 16 costs little more than a batch of 1. The last tests run a real
+``ModelRunner`` and a real server process whose model sleeps longer per row as the
+batch grows.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from conftest import running_server, write_torchscript
 
 from mmserver.batching import BatchPlanner, BatchSettings, BatchSizer, ModelRunner
 
-#: Milliseconds per call of the small CNN on one core (bench/peers.py's model).
+#: Milliseconds per call of the small CNN on one core (bench/peers.py's model, glibc untuned).
 CPU_LIKE_MS = {1: 0.31, 2: 0.60, 4: 1.15, 8: 2.16, 16: 5.80}
 #: An accelerator: a batch of 16 costs little more than a batch of 1.
 GPU_LIKE_MS = {n: 1.0 + 0.01 * n for n in (1, 2, 4, 8, 16)}

@@ -2,11 +2,15 @@
 
 ``max_batch_size`` is a ceiling, and the largest batch is not always the
 fastest per row. On a GPU a batch of 32 costs little more than a batch of 1,
-so filling the batch is right. On a CPU the activations of a large batch can
-outgrow the caches: the small CNN of ``bench/peers.py`` runs a batch of 8 in
-2.2 ms (3,700 rows/s) and a batch of 16 in 5.8 ms (2,750 rows/s) on one core.
-A server that always fills 16 rows then serves fewer requests *and* answers
-each later.
+so filling the batch is right. On a CPU a large batch's activations can cost
+more per row than a small one's: they may outgrow the caches, or, past glibc's
+32 MiB mmap ceiling (or with ``MMSERVER_TUNE_MALLOC=0``, see
+``mmserver/allocator.py``), be mapped afresh and faulted in on every call.
+Untuned, the small CNN of ``bench/peers.py`` ran a batch of 8 in 2.2 ms
+(3,700 rows/s) and a batch of 16 in 5.8 ms (2,750 rows/s) on one core. A
+server that always fills 16 rows then serves fewer requests *and* answers
+each later. Where the largest batch is also the fastest, the sizer finds that
+too and stays there.
 
 With ``batch_sizing="measured"`` the runner asks a :class:`BatchSizer` how
 many rows make a full batch. The sizer climbs a ladder of halvings of
