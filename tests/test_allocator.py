@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +22,9 @@ import torch
 from conftest import running_server, write_torchscript
 
 from mmserver.allocator import keep_freed_memory_in_heap
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from harness import SmallCNN  # noqa: E402 - the CNN of bench/peers.py, a few MiB per layer at 16 rows
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 
@@ -58,21 +62,6 @@ def test_tuned_buffers_are_reused_instead_of_faulted_in_again():
                                  {"LD_PRELOAD": "libjemalloc.so.2"}])
 def test_a_choice_the_user_made_is_left_alone(env):
     assert keep_freed_memory_in_heap(env) is False
-
-
-class SmallCNN(torch.nn.Module):
-    """bench/harness.py's CNN: at 16 rows its activations are a few MiB per layer."""
-
-    def __init__(self):
-        super().__init__()
-        self.layers = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-            torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-            torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU(),
-            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(x)
 
 
 def minor_faults(pid: int) -> int:
