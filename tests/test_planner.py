@@ -88,3 +88,15 @@ def test_closing_runs_what_is_queued_without_waiting(policy):
 def test_without_concatenation_every_request_runs_alone_oldest_first():
     queue = [Queued(1, 1.0), Queued(1, 1.0), Queued(1, 1.0)]
     assert planner("timer", concatenate=False).plan(queue, now=1.0).take == (0,)
+
+
+def test_a_batch_is_full_at_the_size_the_sizer_gives():
+    queue = [Queued(1, 0.0) for _ in range(20)]
+    greedy = planner("greedy", max_batch_size=16, max_wait=0.005)
+    assert greedy.plan(queue, now=0.0, on_the_way=5, batch_size=8).take == tuple(range(8))
+    assert greedy.plan(queue, now=0.0, on_the_way=5).take == tuple(range(16))
+    assert greedy.plan(queue, now=0.0, on_the_way=5, batch_size=64).take == tuple(range(16))
+    timer = planner("timer", max_batch_size=16, max_wait=0.005)
+    assert timer.plan(queue[:8], now=0.0, batch_size=8).take == tuple(range(8))
+    assert timer.plan(queue[:8], now=0.0).wait == pytest.approx(0.005)
+    assert timer.plan([Queued(12, 0.0)], now=0.0, batch_size=8).take == (0,)

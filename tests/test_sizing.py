@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import running_server, write_torchscript
 
-from mmserver.batching import BatchPlanner, BatchSettings, BatchSizer, ModelRunner
+from mmserver.batching import BatchSettings, BatchSizer, ModelRunner
 
 #: Milliseconds per call of the small CNN on one core (bench/peers.py's model, glibc untuned).
 CPU_LIKE_MS = {1: 0.31, 2: 0.60, 4: 1.15, 8: 2.16, 16: 5.80}
@@ -99,22 +99,6 @@ def test_batches_below_the_full_size_neither_probe_nor_move():
         sizer.record(3, 0.001)
         sizer.record(8, 0.001)
     assert sizer.probes == 0 and sizer.next_size == 16 and sizer.best == 16
-
-
-def test_the_planner_calls_a_batch_full_at_the_size_it_is_given():
-    class Queued:
-        def __init__(self, arrival, rows=1):
-            self.arrival, self.rows, self.key = arrival, rows, "k"
-
-    queue = [Queued(0.0) for _ in range(20)]
-    greedy = BatchPlanner(policy="greedy", max_batch_size=16, max_wait=0.005)
-    assert greedy.plan(queue, now=0.0, on_the_way=5, batch_size=8).take == tuple(range(8))
-    assert greedy.plan(queue, now=0.0, on_the_way=5).take == tuple(range(16))
-    assert greedy.plan(queue, now=0.0, on_the_way=5, batch_size=64).take == tuple(range(16))
-    timer = BatchPlanner(policy="timer", max_batch_size=16, max_wait=0.005)
-    assert timer.plan(queue[:8], now=0.0, batch_size=8).take == tuple(range(8))
-    assert timer.plan(queue[:8], now=0.0).wait == pytest.approx(0.005)
-    assert timer.plan([Queued(0.0, rows=12)], now=0.0, batch_size=8).take == (0,)
 
 
 class SuperlinearModel:

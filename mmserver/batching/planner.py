@@ -72,10 +72,10 @@ class BatchPlanner:
             return WAIT_FOR_NEWS
         if not self.concatenate:
             return Plan(take=(0,))
-        full_rows = self.max_batch_size if batch_size is None else min(batch_size,
-                                                                       self.max_batch_size)
-        batch = self.compatible(queue, full_rows)
-        full = sum(queue[i].rows for i in batch) >= full_rows or (
+        limit = self.max_batch_size if batch_size is None else min(batch_size,
+                                                                   self.max_batch_size)
+        batch = self.compatible(queue, limit)
+        full = sum(queue[i].rows for i in batch) >= limit or (
             len(batch) < len(queue) and self._next_would_overflow(queue, batch))
         if closing or full:
             return Plan(take=batch)
@@ -86,9 +86,8 @@ class BatchPlanner:
             return Plan(take=batch)
         return Plan(wait=remaining)
 
-    def compatible(self, queue: Sequence[Pending], full_rows: int | None = None) -> tuple[int, ...]:
-        """Positions of the requests that would run with the oldest, if it ran now."""
-        limit = self.max_batch_size if full_rows is None else full_rows
+    def compatible(self, queue: Sequence[Pending], limit: int) -> tuple[int, ...]:
+        """Positions of the requests that would run with the oldest, up to ``limit`` rows."""
         oldest = queue[0]
         taken, rows = [0], oldest.rows
         for position in range(1, len(queue)):
