@@ -56,7 +56,7 @@ class BatchSizer:
         self._seconds: dict[int, float] = {}
         self._samples: collections.Counter[int] = collections.Counter()
         self._full_batches = 0
-        self._probe_down = True
+        self._probe_below = False  # flipped before each probe: the first one goes below
 
     def rows_per_second(self, size: int) -> float | None:
         """The measured speed of ``size`` rows per call, once it has ``min_samples`` calls."""
@@ -82,29 +82,28 @@ class BatchSizer:
                 self.next_size = probe
                 self.probes += 1
 
-    def _neighbours(self) -> list[int]:
+    def _beside(self) -> tuple[int | None, int | None]:
+        """The rungs just below and just above the best (None past either end)."""
         rung = self.ladder.index(self.best)
-        return [self.ladder[i] for i in (rung - 1, rung + 1) if 0 <= i < len(self.ladder)]
+        below = self.ladder[rung - 1] if rung > 0 else None
+        above = self.ladder[rung + 1] if rung + 1 < len(self.ladder) else None
+        return below, above
 
     def _neighbour(self) -> int | None:
-        """The rung to probe next: below and above the best, in turn."""
-        neighbours = self._neighbours()
-        if not neighbours:
-            return None
-        self._probe_down = not self._probe_down
-        below = [n for n in neighbours if n < self.best]
-        above = [n for n in neighbours if n > self.best]
-        if (not self._probe_down and below) or not above:
-            return below[0]
-        return above[0]
+        """The rung to probe next: below and above the best, in turn, below first."""
+        below, above = self._beside()
+        self._probe_below = not self._probe_below
+        if below is not None and (self._probe_below or above is None):
+            return below
+        return above
 
     def _climb(self) -> int:
         current = self.rows_per_second(self.best)
         if current is None:
             return self.best
         fastest, speed = self.best, current * (1 + self.margin)
-        for neighbour in self._neighbours():
-            measured = self.rows_per_second(neighbour)
+        for neighbour in self._beside():
+            measured = None if neighbour is None else self.rows_per_second(neighbour)
             if measured is not None and measured > speed:
                 fastest, speed = neighbour, measured
         return fastest
