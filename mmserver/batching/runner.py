@@ -307,9 +307,10 @@ class ModelRunner:
         compute = time.perf_counter() - started
         failed = sum(1 for r in batch if r.future.done() and not r.future.cancelled()
                      and r.future.exception() is not None)
+        rows = sum(r.rows for r in batch)
         if self.sizer is not None and not failed and len(self._model_seconds) == 1:
-            self.sizer.record(sum(r.rows for r in batch), self._model_seconds[0])
-        self._record(BatchRecord(rows=sum(r.rows for r in batch), requests=len(batch),
+            self.sizer.record(rows, self._model_seconds[0])
+        self._record(BatchRecord(rows=rows, requests=len(batch),
                                  queue_wait_seconds=waits, compute_seconds=compute,
                                  failed_requests=failed))
 
