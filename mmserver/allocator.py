@@ -24,7 +24,6 @@ an allocator in ``LD_PRELOAD``; and with ``MMSERVER_TUNE_MALLOC=0``.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import sys
@@ -45,10 +44,8 @@ def keep_freed_memory_in_heap(env: Mapping[str, str] = os.environ) -> bool:
         return False
     if any(key.startswith("MALLOC_") for key in env) or env.get("LD_PRELOAD"):
         return False
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
+    try:  # the C library the process already runs on; no library search at start-up
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
