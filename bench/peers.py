@@ -25,9 +25,10 @@ All servers are started at once, then for 1, 8 and 32 closed-loop users the scri
 rounds of equal windows alternating between the servers (the order rotates each
 round). During a server's window every other server is paused (SIGSTOP to its whole
 process tree, SIGCONT after), so an "idle" peer really costs nothing: TorchServe's Java
-frontend keeps threads busy on the shared core even when no request comes. On a shared machine whose speed drifts, a ratio within one round means more
-than any single figure, so the summary is the median over rounds of
-``mmserver req/s / peer req/s``. Each window reports requests/s, p50 and p99.
+frontend keeps threads busy on the shared core even when no request comes. On a shared
+machine whose speed drifts, a ratio within one round means more than any single figure,
+so the summary is the median over rounds of ``mmserver req/s / peer req/s`` (and of
+``mmserver-measured``'s). Each window reports requests/s, p50 and p99.
 
 The load generator is ``wrk`` (one thread, one connection per user) when installed, else
 an aiohttp closed loop on core 1 (which may itself limit the fastest servers).
@@ -151,7 +152,6 @@ class TorchServe(ServerProcess):
 TORCHSERVE_HANDLER = '''\
 """Written by bench/peers.py: np.load each body, one batched call, one JSON row per request."""
 import io
-import json
 import json
 
 import numpy as np
