@@ -18,7 +18,8 @@ what PyTorch's CPU tuning guide gets by preloading jemalloc or tcmalloc.
 The price is resident memory that stays at its high-water mark.
 
 It is skipped when the user already chose: any ``MALLOC_*`` variable set, or
-an allocator in ``LD_PRELOAD``; and with ``MMSERVER_TUNE_MALLOC=0``.
+an allocator in ``LD_PRELOAD``. ``mmserver serve`` does not call it with
+``MMSERVER_TUNE_MALLOC=0`` (``Settings.tune_malloc``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ TRIM_THRESHOLD_BYTES = 256 * 2**20
 
 def keep_freed_memory_in_heap(env: Mapping[str, str] = os.environ) -> bool:
     """Set glibc's thresholds (see the module docstring); True when they were set."""
-    if env.get("MMSERVER_TUNE_MALLOC", "1") == "0" or not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux"):
         return False
     if any(key.startswith("MALLOC_") for key in env) or env.get("LD_PRELOAD"):
         return False

@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from mmserver.allocator import keep_freed_memory_in_heap
-from mmserver.batching import POLICIES, SIZINGS, BatchSettings
+from mmserver.batching import KNOBS, BatchSettings
 from mmserver.config import Settings
 from mmserver.errors import MMServerError
 from mmserver.resources import usable_cpus
@@ -71,18 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--preload", action="append", type=_preload_pair, default=[],
                        metavar="NAME=URL", help="load a model at start-up; repeatable")
     defaults = BatchSettings()
-    serve.add_argument("--max-batch-size", type=int, help="rows per model call "
-                       f"(MMSERVER_MAX_BATCH_SIZE, default {defaults.max_batch_size})")
-    serve.add_argument("--max-wait-ms", type=float, help="how long the oldest request may wait "
-                       f"for company, ms (MMSERVER_MAX_WAIT_MS, default {defaults.max_wait * 1000:g})")
-    serve.add_argument("--max-queue-size", type=int, help="queued requests per model "
-                       f"(MMSERVER_MAX_QUEUE_SIZE, default {defaults.max_queue_size})")
-    serve.add_argument("--policy", choices=POLICIES,
-                       help=f"batching policy (MMSERVER_BATCH_POLICY, default {defaults.policy})")
-    serve.add_argument("--batch-sizing", choices=SIZINGS,
-                       help="when a batch is full: at max-batch-size rows, or at the size measured "
-                            "to serve the most rows/s (MMSERVER_BATCH_SIZING, default "
-                            f"{defaults.batch_sizing})")
+    for knob in KNOBS:
+        default = knob.edge_value(defaults)
+        shown = default if knob.kind is str else f"{default:g}"
+        unit = f" {knob.unit}" if knob.unit else ""
+        serve.add_argument(knob.flag, dest=knob.key, type=knob.kind, choices=knob.choices or None,
+                           metavar=knob.unit.upper() or None,
+                           help=f"{knob.help} ({knob.env}; default {shown}{unit})")
     serve.add_argument("--no-access-log", action="store_true", help="no line per request")
     serve.add_argument("--log-level", default="INFO")
     examples = commands.add_parser("examples", help="write the example models")
@@ -99,13 +94,7 @@ def _given(flags: dict) -> dict:
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """The environment's settings with the flags given on top (an absent flag is None)."""
     base = Settings.from_env()
-    batch = dataclasses.replace(base.batch, **_given({
-        "max_batch_size": args.max_batch_size,
-        "max_wait": None if args.max_wait_ms is None else args.max_wait_ms / 1000.0,
-        "max_queue_size": args.max_queue_size,
-        "policy": args.policy,
-        "batch_sizing": args.batch_sizing,
-    }))
+    batch = base.batch.overridden(_given({knob.key: getattr(args, knob.key) for knob in KNOBS}))
     return dataclasses.replace(base, batch=batch, preload=tuple(args.preload), **_given({
         "host": args.host,
         "port": args.port,
@@ -123,7 +112,8 @@ def serve(args: argparse.Namespace) -> None:
         settings = settings_from_args(args)
     except ValueError as error:
         sys.exit(f"mmserver: {error}")
-    keep_freed_memory_in_heap()  # before any model runs: see mmserver/allocator.py
+    if settings.tune_malloc:  # before any model runs: see mmserver/allocator.py
+        keep_freed_memory_in_heap()
     if "OMP_NUM_THREADS" not in os.environ:  # one intra-op thread per CPU we may really use
         import torch
         torch.set_num_threads(usable_cpus())
@@ -145,22 +135,25 @@ def _run(app: web.Application, settings: Settings) -> None:
         shutdown_timeout=settings.shutdown_timeout_seconds,
         handler_cancellation=True,
         print=None,
-        loop=event_loop(),
+        loop=event_loop(settings.uvloop),
     )
 
 
-def event_loop():
-    """uvloop's loop when it is installed (MMSERVER_UVLOOP=0 keeps asyncio's); None: asyncio's.
+def event_loop(uvloop: bool | None = None):
+    """uvloop's loop when it is installed and wanted, else None (asyncio's).
 
-    Public so that baselines in ``bench/`` can run on the loop mmserver runs on.
+    ``uvloop`` defaults to ``Settings.from_env().uvloop`` (``MMSERVER_UVLOOP``). Public so
+    that baselines in ``bench/`` can run on the loop mmserver runs on.
     """
-    if os.environ.get("MMSERVER_UVLOOP", "1") != "0":
-        try:
-            import uvloop
-        except ImportError:
-            return None
-        return uvloop.new_event_loop()
-    return None
+    if uvloop is None:
+        uvloop = Settings.from_env().uvloop
+    if not uvloop:
+        return None
+    try:
+        import uvloop as uvloop_module
+    except ImportError:
+        return None
+    return uvloop_module.new_event_loop()
 
 
 async def _announce(app: web.Application) -> None:

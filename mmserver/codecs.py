@@ -44,8 +44,6 @@ CSV = "text/csv"
 JPEG = "image/jpeg"
 PNG = "image/png"
 
-DECODABLE = (JSON, NPY, CSV, JPEG, PNG)
-ENCODABLE = (JSON, NPY, CSV)
 #: Largest image decoded (pixels): 25 MP is 300 MB as float32 RGB, far beyond any model input.
 MAX_IMAGE_PIXELS = 25_000_000
 #: What an absent Content-Type or Accept header means (the SageMaker PyTorch toolkit's default).
@@ -255,10 +253,11 @@ def _decode_image(body: bytes) -> torch.Tensor:
 
 _DECODERS = {JSON: _decode_json, NPY: _decode_npy, CSV: _decode_csv, JPEG: _decode_image,
              PNG: _decode_image}
+DECODABLE = tuple(_DECODERS)
 
 
 @functools.lru_cache(maxsize=256)
-def negotiate(accept: str | None, offered: tuple[str, ...] = ENCODABLE) -> str:
+def negotiate(accept: str | None, offered: tuple[str, ...] | None = None) -> str:
     """Pick the offered type the Accept header prefers most (RFC 9110 q-values).
 
     An absent or empty header, or ``*/*``, gets JSON. Raises NotAcceptable when
@@ -267,6 +266,7 @@ def negotiate(accept: str | None, offered: tuple[str, ...] = ENCODABLE) -> str:
     """
     if not accept or accept == "*/*" or not accept.strip():
         return DEFAULT_TYPE
+    offered = offered or ENCODABLE
     best, best_q = None, 0.0
     for part in accept.split(","):
         pieces = [p.strip() for p in part.split(";")]
@@ -298,27 +298,38 @@ def negotiate(accept: str | None, offered: tuple[str, ...] = ENCODABLE) -> str:
 def encode(output: Any, accept: str | None) -> tuple[bytes, str]:
     """Encode this request's output rows for the negotiated type."""
     kind = negotiate(accept)
-    if kind == JSON:
-        try:
-            text = _JSON_ENCODER.encode(_to_python(output))
-        except ValueError:
-            raise OutputNotEncodable(f"the model's output holds NaN or infinity, which JSON cannot "
-                             f"carry; ask for {NPY}") from None
-        return text.encode(), JSON
+    return _ENCODERS[kind](output), kind
+
+
+def _encode_json(output: Any) -> bytes:
+    try:
+        return _JSON_ENCODER.encode(_to_python(output)).encode()
+    except ValueError:
+        raise OutputNotEncodable(f"the model's output holds NaN or infinity, which JSON cannot "
+                                 f"carry; ask for {NPY}") from None
+
+
+def _one_array(output: Any, kind: str) -> np.ndarray:
     if not isinstance(output, torch.Tensor):
         raise NotAcceptable(f"{kind} can carry a single tensor only; this model returns "
                             f"{type(output).__name__}: ask for {JSON}")
-    array = output.numpy()
-    if kind == NPY:
-        buffer = io.BytesIO()
-        np.save(buffer, array, allow_pickle=False)
-        return buffer.getvalue(), NPY
+    return output.numpy()
+
+
+def _encode_npy(output: Any) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, _one_array(output, NPY), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _encode_csv(output: Any) -> bytes:
+    array = _one_array(output, CSV)
     if array.ndim > 2:
         raise NotAcceptable(f"{CSV} carries at most 2 dimensions; this output has shape "
                             f"{tuple(array.shape)}: ask for {JSON} or {NPY}")
     buffer = io.StringIO()
     np.savetxt(buffer, array.reshape(array.shape[0], -1), delimiter=",", fmt="%.9g")
-    return buffer.getvalue().encode(), CSV
+    return buffer.getvalue().encode()
 
 
 def _to_python(output: Any) -> Any:
@@ -329,3 +340,7 @@ def _to_python(output: Any) -> Any:
     if isinstance(output, (tuple, list)):
         return [_to_python(v) for v in output]
     return output
+
+
+_ENCODERS = {JSON: _encode_json, NPY: _encode_npy, CSV: _encode_csv}
+ENCODABLE = tuple(_ENCODERS)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from mmserver.batching import BatchSettings
+from mmserver.batching import KNOBS, BatchSettings
 
 T = TypeVar("T")
 
@@ -25,14 +25,15 @@ DEFAULT_SINGLE_MODEL_DIR = "/opt/ml/model"
 DEFAULT_MAX_PAYLOAD_MB = 6
 #: SageMaker's default for SAGEMAKER_MODEL_SERVER_TIMEOUT (seconds).
 DEFAULT_MODEL_SERVER_TIMEOUT_SECONDS = 60.0
-#: Share of the memory available at start-up that loaded models may use by default.
-DEFAULT_MEMORY_BUDGET_SHARE = 0.5
 #: A 6 MB body arrives in well under a second on any network a model server sits on.
 DEFAULT_BODY_TIMEOUT_SECONDS = 15.0
 #: Loading reads weights and runs model_fn; a large model on a slow disk takes minutes.
 DEFAULT_LOAD_TIMEOUT_SECONDS = 300.0
 #: SageMaker sends SIGKILL 30 s after SIGTERM; leave 5 s for the process to exit.
 DEFAULT_SHUTDOWN_TIMEOUT_SECONDS = 25.0
+#: Bodies at least this large are decoded in a worker thread: below it, a thread handoff
+#: costs more than decoding on the event loop (notebook 04 measures both).
+DEFAULT_DECODE_IN_THREAD_BYTES = 64 * 1024
 #: The name SageMaker's toolkit gives the handler script under code/.
 DEFAULT_PROGRAM = "inference.py"
 
@@ -82,28 +83,21 @@ def read_env(env: Mapping[str, str], key: str, parse: Callable[[str], T], defaul
         raise ValueError(f"{key} {error}") from None
 
 
-#: The batching knobs: BatchSettings field -> (variable, parse, divisor from the variable's unit).
-BATCH_VARIABLES = {
-    "max_batch_size": ("MMSERVER_MAX_BATCH_SIZE", integer, None),
-    "max_wait": ("MMSERVER_MAX_WAIT_MS", number, 1000),
-    "max_queue_size": ("MMSERVER_MAX_QUEUE_SIZE", integer, None),
-    "policy": ("MMSERVER_BATCH_POLICY", text, None),
-    "batch_sizing": ("MMSERVER_BATCH_SIZING", text, None),
-}
+#: How an edge value of each knob type is read from a variable.
+_PARSERS = {int: integer, float: number, str: text}
 
 
 def batch_settings_from_env(env: Mapping[str, str]) -> BatchSettings:
-    values = {}
-    for field, (key, parse, divisor) in BATCH_VARIABLES.items():
-        value = read_env(env, key, parse, None)
+    """The batching knobs from their variables (``batching.KNOBS``); errors name the variable."""
+    settings = BatchSettings()
+    for knob in KNOBS:
+        value = read_env(env, knob.env, _PARSERS[knob.kind], None)
         if value is not None:
-            values[field] = value / divisor if divisor else value
-    try:
-        return BatchSettings(**values)
-    except ValueError as error:
-        field = str(error).split(" ", 1)[0]
-        key = BATCH_VARIABLES.get(field, (field,))[0]
-        raise ValueError(f"{key}: {error}") from None
+            try:
+                settings = settings.overridden({knob.key: value})
+            except ValueError as error:
+                raise ValueError(f"{knob.env}: {error}") from None
+    return settings
 
 
 # -- the settings object ----------------------------------------------------------------
@@ -126,7 +120,7 @@ class Settings:
     device: str | None = None
     access_log: bool = True
     #: Bodies at least this large are decoded in a worker thread, not on the event loop.
-    decode_in_thread_bytes: int = 64 * 1024
+    decode_in_thread_bytes: int = DEFAULT_DECODE_IN_THREAD_BYTES
     #: A client that has not sent its whole body within this gets 408 and holds no slot.
     body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
     #: A load (reading files, model_fn, warm-up) that takes longer answers 504.
@@ -137,6 +131,10 @@ class Settings:
     management_token: str | None = None
     #: The toolkit's SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT: what a missing or */* Accept means.
     default_accept: str = "application/json"
+    #: Fix glibc's malloc thresholds at start-up (``mmserver.allocator``).
+    tune_malloc: bool = True
+    #: Serve on uvloop's event loop when it is installed.
+    uvloop: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -168,4 +166,10 @@ class Settings:
             management_token=read_env(env, "MMSERVER_MANAGEMENT_TOKEN", text, None),
             default_accept=read_env(env, "SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", text,
                                     "application/json"),
+            decode_in_thread_bytes=read_env(env, "MMSERVER_DECODE_IN_THREAD_BYTES", integer,
+                                            DEFAULT_DECODE_IN_THREAD_BYTES),
+            shutdown_timeout_seconds=read_env(env, "MMSERVER_SHUTDOWN_TIMEOUT", number,
+                                              DEFAULT_SHUTDOWN_TIMEOUT_SECONDS),
+            tune_malloc=read_env(env, "MMSERVER_TUNE_MALLOC", boolean, True),
+            uvloop=read_env(env, "MMSERVER_UVLOOP", boolean, True),
         )

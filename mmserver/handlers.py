@@ -93,10 +93,7 @@ SETTINGS_FILE = "mmserver.json"
 #: The mmserver.json key, and the script attribute, that declare a script row-wise.
 ROW_WISE_KEY = "row_wise"
 ROW_WISE_ATTRIBUTE = "MMSERVER_ROW_WISE"
-#: Files whose size stands for the model's weights when we estimate its memory before loading.
-WEIGHT_SUFFIXES = (".pt", ".pt2", ".pth", ".bin", ".safetensors", ".ckpt")
-#: Loaded weights take about their size on disk; the margin covers buffers and the runtime.
-MEMORY_ESTIMATE_FACTOR = 1.2
+
 
 @dataclasses.dataclass(frozen=True)
 class OneRequest:
@@ -107,7 +104,14 @@ class OneRequest:
 
 
 class ModelHandler:
-    """One loaded model and the functions that serve it (see the module docstring)."""
+    """A model folder made servable (see the module docstring).
+
+    At load the folder's functions, or the defaults, are resolved once into three
+    fixed callables that every request then calls without asking again:
+    :attr:`decode` (body to the runner's input), :attr:`predict` (the runner's
+    model) and :attr:`encode` (output to body). ``row_wise`` and
+    ``user_codecs`` are decided at load too.
+    """
 
     def __init__(self, model_dir: Path, *, device: torch.device, program: str = "inference.py"):
         self.model_dir = model_dir
@@ -123,96 +127,101 @@ class ModelHandler:
 
     def _load(self, declared_row_wise: Any) -> None:
         module = self._code.module if self._code is not None else None
-        self.has_user_code = module is not None
         functions = {name: UserFunction(name, getattr(module, name))
                      for name in HANDLER_PARAMETERS if callable(getattr(module, name, None))}
-        self._functions = functions
         if "transform_fn" in functions and functions.keys() & {"input_fn", "predict_fn", "output_fn"}:
             raise InvalidModelArtifact(
                 "code defines transform_fn together with input_fn, predict_fn and/or output_fn; "
                 "define transform_fn alone, or the other three")
-        self._load_context = LoadContext(str(self.model_dir), {
+        context = LoadContext(str(self.model_dir), {
             "model_dir": str(self.model_dir),
             "gpu_id": self.device.index if self.device.type == "cuda" else None})
-        self._call_at_load("pre_model_fn", str(self.model_dir))
-        self.model = self._build_model()
-        self._call_at_load("model_warmup_fn", str(self.model_dir), self.model)
-        self.row_wise = self._decide_row_wise(declared_row_wise, module)
-        self.memory_bytes = measured_memory_bytes(self.model)
+        model_dir = str(self.model_dir)
+        if "pre_model_fn" in functions:
+            _at_load(functions["pre_model_fn"], model_dir, context=context)
+        self.model = self._build_model(functions, context)
+        if "model_warmup_fn" in functions:
+            _at_load(functions["model_warmup_fn"], model_dir, self.model, context=context)
+        self.row_wise = _decide_row_wise(declared_row_wise, module, functions)
+        #: The model's own input_fn/output_fn run in its threads, never on the event loop.
+        self.user_codecs = bool(functions.keys() & {"input_fn", "output_fn"})
+        #: The default encoders answer, so the Accept header is checked before the body is read.
+        self.default_encoders = not functions.keys() & {"output_fn", "transform_fn"}
+        self._resolve(functions, context)
 
-    # -- load ---------------------------------------------------------------------------
-
-    def _call_at_load(self, name: str, *args: Any) -> Any:
-        function = self._functions.get(name)
-        if function is None:
-            return None
-        try:
-            return function(*args, context=self._load_context)
-        except MMServerError:
-            raise
-        except BaseException as error:
-            if is_out_of_memory(error):
-                raise InsufficientResources(
-                    f"out of memory in {name}: {summarize_error(error)}") from error
-            raise InvalidModelArtifact(f"{name} raised {describe_error(error)}") from error
-
-    def _build_model(self) -> Any:
-        if "model_fn" not in self._functions:
+    def _build_model(self, functions: dict[str, UserFunction], context: LoadContext) -> Any:
+        if "model_fn" not in functions:
             try:
                 return load_default_model(self.model_dir, self.device)
             except MMServerError:
                 raise
             except Exception as error:
-                if is_out_of_memory(error):
-                    raise InsufficientResources(
-                        f"out of memory while loading the model: {error}") from error
-                raise InvalidModelArtifact(
-                    f"loading the model file raised {describe_error(error)}") from error
-        model = self._call_at_load("model_fn", str(self.model_dir))
-        if isinstance(model, torch.nn.Module) and not self._functions.keys() & {
+                raise _load_error("loading the model file", error) from error
+        model = _at_load(functions["model_fn"], str(self.model_dir), context=context)
+        if isinstance(model, torch.nn.Module) and not functions.keys() & {
                 "predict_fn", "transform_fn"}:
             model = model.to(self.device).eval()
         return model
 
-    def _decide_row_wise(self, declared: Any, module: Any) -> bool:
-        if declared is None:
-            declared = getattr(module, ROW_WISE_ATTRIBUTE, None)
-        if declared is not None and not isinstance(declared, bool):
-            raise InvalidModelArtifact(
-                f"{ROW_WISE_KEY} ({SETTINGS_FILE}) or {ROW_WISE_ATTRIBUTE} (the script) must be "
-                f"true or false, got {declared!r}")
-        if "transform_fn" in self._functions:
-            if declared:
-                raise InvalidModelArtifact(
-                    "transform_fn answers whole requests, so the model cannot be row-wise; "
-                    f"drop {ROW_WISE_KEY}/{ROW_WISE_ATTRIBUTE} or use input_fn/predict_fn/output_fn")
-            return False
-        if declared is not None:
-            return declared
-        return not self._functions.keys() & {"input_fn", "predict_fn"}
-
-    # -- what the pipeline and the runner call ---------------------------------------------
-
-    @property
-    def has_user_codecs(self) -> bool:
-        """User input_fn/output_fn run in the model's own threads, never on the event loop."""
-        return bool(self._functions.keys() & {"input_fn", "output_fn"})
-
-    @property
-    def checks_accept_itself(self) -> bool:
-        return bool(self._functions.keys() & {"output_fn", "transform_fn"})
-
-    def decode(self, body: bytes, context: RequestContext) -> Any:
-        """The request's input for the runner: rows when row-wise, else a :class:`OneRequest`."""
-        if "transform_fn" in self._functions:
-            return OneRequest(body_for_user_code(body, context.content_type), context)
-        input_fn = self._functions.get("input_fn")
-        if input_fn is None:
-            data = codecs.decode(body, context.content_type)
+    def _resolve(self, functions: dict[str, UserFunction], load_context: LoadContext) -> None:
+        """Fix :attr:`decode`, :attr:`predict` and :attr:`encode` for every request to come."""
+        model, device = self.model, self.device
+        transform_fn = functions.get("transform_fn")
+        if transform_fn is not None:
+            self.decode = _transform_body
+            self.predict = lambda one: transform_fn(model, one.data, one.context.content_type,
+                                                    one.context.accept, context=one.context)
+            self.encode = lambda result, context: response_from(result, context.accept,
+                                                                "transform_fn")
+            return
+        input_fn = functions.get("input_fn")
+        read = _default_input if input_fn is None else _user_input(input_fn)
+        self.decode = _row_wise_input(read) if self.row_wise else _one_request_input(read)
+        predict_fn = functions.get("predict_fn")
+        if self.row_wise:
+            self.predict = model if predict_fn is None else (
+                lambda batch: predict_fn(batch, model, context=load_context))
         else:
-            data = self._run_input_fn(input_fn, body, context)
-        if not self.row_wise:
-            return OneRequest(data, context)
+            self.predict = (lambda one: model(moved(one.data, device))) if predict_fn is None \
+                else (lambda one: predict_fn(moved(one.data, device), model, context=one.context))
+        output_fn = functions.get("output_fn")
+        self.encode = _default_output if output_fn is None else _user_output(output_fn)
+
+    def close(self) -> None:
+        """Drop the model and the modules its code imported, so their memory can be freed."""
+        self.model = self.predict = None
+        if self._code is not None:
+            self._code.close()
+
+
+# -- what each request calls, chosen once by ModelHandler._resolve ----------------------
+
+
+def _transform_body(body: bytes, context: RequestContext) -> OneRequest:
+    return OneRequest(body_for_user_code(body, context.content_type), context)
+
+
+def _default_input(body: bytes, context: RequestContext) -> Any:
+    return codecs.decode(body, context.content_type)
+
+
+def _user_input(input_fn: UserFunction):
+    def read(body: bytes, context: RequestContext) -> Any:
+        payload = body_for_user_code(body, context.content_type)
+        return input_fn.call_or_raise(_input_error, payload, context.content_type,
+                                      context=context)
+    return read
+
+
+def _input_error(error: BaseException) -> MMServerError:
+    if isinstance(error, ValueError) and str(error).lower().startswith("unsupported content type"):
+        return UnsupportedContentType(str(error))
+    return InvalidInput(f"input_fn rejected the body: {describe_error(error)}")
+
+
+def _row_wise_input(read):
+    def decode(body: bytes, context: RequestContext) -> Any:
+        data = read(body, context)
         try:
             rows_of(data)
         except (TypeError, ValueError) as error:
@@ -221,68 +230,69 @@ class ModelHandler:
                 f"(or a dict, tuple or list of tensors) whose dimension 0 counts rows: {error}"
             ) from error
         return data
+    return decode
 
-    def _run_input_fn(self, input_fn: UserFunction, body: bytes, context: RequestContext) -> Any:
-        payload = body_for_user_code(body, context.content_type)
-        try:
-            return input_fn(payload, context.content_type, context=context)
-        except MMServerError:
-            raise
-        except BaseException as error:
-            if isinstance(error, ValueError) and \
-                    str(error).lower().startswith("unsupported content type"):
-                raise UnsupportedContentType(str(error)) from error
-            raise InvalidInput(f"input_fn rejected the body: {describe_error(error)}") from error
 
-    def predict(self, batch: Any) -> Any:
-        """The runner's model: a batch of rows, or one :class:`OneRequest`."""
-        if isinstance(batch, OneRequest):
-            return self._predict_one(batch)
-        predict_fn = self._functions.get("predict_fn")
-        if predict_fn is None:
-            return self.model(batch)
-        return predict_fn(batch, self.model, context=self._load_context)
+def _one_request_input(read):
+    def decode(body: bytes, context: RequestContext) -> OneRequest:
+        return OneRequest(read(body, context), context)
+    return decode
 
-    def _predict_one(self, request: OneRequest) -> Any:
-        context = request.context
-        transform_fn = self._functions.get("transform_fn")
-        if transform_fn is not None:
-            return transform_fn(self.model, request.data, context.content_type, context.accept,
-                                context=context)
-        data = moved(request.data, self.device)
-        predict_fn = self._functions.get("predict_fn")
-        if predict_fn is None:
-            return self.model(data)
-        return predict_fn(data, self.model, context=context)
 
-    def encode(self, rows: Any, context: RequestContext) -> tuple[bytes, str]:
-        if "transform_fn" in self._functions:
-            return response_from(rows, context.accept, "transform_fn")
-        output_fn = self._functions.get("output_fn")
-        if output_fn is None:
-            try:
-                return codecs.encode(numpy_as_tensors(rows), context.accept)
-            except MMServerError:
-                raise
-            except Exception as error:
-                raise ModelError(f"the default output_fn cannot encode the prediction "
-                                 f"({type(rows).__name__}): {describe_error(error)}") from error
-        try:
-            result = output_fn(rows, context.accept, context=context)
-        except MMServerError:
-            raise
-        except BaseException as error:
-            if isinstance(error, ValueError) and \
-                    str(error).lower().startswith("unsupported accept type"):
-                raise NotAcceptable(str(error)) from error
-            raise ModelError(f"output_fn raised {describe_error(error)}") from error
+def _default_output(rows: Any, context: RequestContext) -> tuple[bytes, str]:
+    try:
+        return codecs.encode(numpy_as_tensors(rows), context.accept)
+    except MMServerError:
+        raise
+    except Exception as error:
+        raise ModelError(f"the default output_fn cannot encode the prediction "
+                         f"({type(rows).__name__}): {describe_error(error)}") from error
+
+
+def _user_output(output_fn: UserFunction):
+    def encode(rows: Any, context: RequestContext) -> tuple[bytes, str]:
+        result = output_fn.call_or_raise(_output_error, rows, context.accept, context=context)
         return response_from(result, context.accept, "output_fn")
+    return encode
 
-    def close(self) -> None:
-        """Drop the model and the modules its code imported, so their memory can be freed."""
-        self.model = None
-        if self._code is not None:
-            self._code.close()
+
+def _output_error(error: BaseException) -> MMServerError:
+    if isinstance(error, ValueError) and str(error).lower().startswith("unsupported accept type"):
+        return NotAcceptable(str(error))
+    return ModelError(f"output_fn raised {describe_error(error)}")
+
+
+# -- load ---------------------------------------------------------------------------
+
+
+def _at_load(function: UserFunction, *args: Any, context: LoadContext) -> Any:
+    return function.call_or_raise(lambda error: _load_error(function.name, error), *args,
+                                  context=context)
+
+
+def _load_error(what: str, error: BaseException) -> MMServerError:
+    """What a failure at load answers: 507 when memory ran out, else 400 with the reason."""
+    if is_out_of_memory(error):
+        return InsufficientResources(f"out of memory ({what}): {summarize_error(error)}")
+    return InvalidModelArtifact(f"{what} raised {describe_error(error)}")
+
+
+def _decide_row_wise(declared: Any, module: Any, functions: dict[str, UserFunction]) -> bool:
+    if declared is None:
+        declared = getattr(module, ROW_WISE_ATTRIBUTE, None)
+    if declared is not None and not isinstance(declared, bool):
+        raise InvalidModelArtifact(
+            f"{ROW_WISE_KEY} ({SETTINGS_FILE}) or {ROW_WISE_ATTRIBUTE} (the script) must be "
+            f"true or false, got {declared!r}")
+    if "transform_fn" in functions:
+        if declared:
+            raise InvalidModelArtifact(
+                "transform_fn answers whole requests, so the model cannot be row-wise; "
+                f"drop {ROW_WISE_KEY}/{ROW_WISE_ATTRIBUTE} or use input_fn/predict_fn/output_fn")
+        return False
+    if declared is not None:
+        return declared
+    return not functions.keys() & {"input_fn", "predict_fn"}
 
 
 def load_default_model(model_dir: Path, device: torch.device) -> Any:
@@ -312,27 +322,6 @@ def load_default_model(model_dir: Path, device: torch.device) -> Any:
             f"{script.name} is not TorchScript ({summarize_error(error)}); a state_dict needs "
             "code/inference.py with a model_fn that builds the network and loads it") from error
     return model.eval()
-
-
-def measured_memory_bytes(model: Any) -> int:
-    """Bytes held by the model's parameters and buffers (0 when it has none we can see)."""
-    total = 0
-    for getter in ("parameters", "buffers"):
-        method = getattr(model, getter, None)
-        if not callable(method):
-            continue
-        try:
-            total += sum(t.numel() * t.element_size() for t in method())
-        except Exception:  # noqa: BLE001 - an opaque model simply reports 0
-            return total
-    return total
-
-
-def estimated_memory_bytes(model_dir: Path) -> int:
-    """Before loading: the weights' size on disk, with a margin."""
-    size = sum(p.stat().st_size for p in model_dir.rglob("*")
-               if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
-    return int(size * MEMORY_ESTIMATE_FACTOR)
 
 
 def _read_settings(model_dir: Path) -> dict:

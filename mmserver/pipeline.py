@@ -38,8 +38,9 @@ import torch
 from mmserver import codecs
 from mmserver.config import Settings
 from mmserver.errors import BodyTimeout, InvocationTimeout, PayloadTooLarge
-from mmserver.handlers import ModelHandler, RequestContext
-from mmserver.registry import ModelEntry
+from mmserver.handlers import ModelHandler
+from mmserver.loaded_model import LoadedModel
+from mmserver.toolkit import RequestContext
 from mmserver.workers import WorkerPool
 
 #: Outputs with at least this many numbers are encoded in a worker thread: writing 100,000
@@ -65,6 +66,14 @@ class Answer:
     content_type: str
 
 
+def check_payload_size(size: int, limit: int) -> None:
+    """The payload limit, for a ``Content-Length`` before reading and for a chunked body while
+    it arrives."""
+    if size > limit:
+        raise PayloadTooLarge(f"the body is {size} bytes or more; the limit is {limit} "
+                              "(SAGEMAKER_MAX_PAYLOAD_IN_MB)")
+
+
 class InvocationPipeline:
     """Runs invocations against loaded models under one server's settings."""
 
@@ -75,18 +84,13 @@ class InvocationPipeline:
     def close(self) -> None:
         self.decode_pool.close()
 
-    async def run(self, entry: ModelEntry, invocation: Invocation) -> Answer:
+    async def run(self, model: LoadedModel, invocation: Invocation) -> Answer:
         settings, context = self.settings, invocation.context
-        # Taken now: an unload while the body arrives empties the entry, and the stopped
-        # runner then refuses the slot (404) instead of the request failing half-way.
-        runner, handler, codec_pool = entry.runner, entry.handler, entry.codec_pool
-        length = invocation.content_length
-        if length is not None and length > settings.max_payload_bytes:
-            raise PayloadTooLarge(
-                f"the body is {length} bytes; the limit is {settings.max_payload_bytes} "
-                "(SAGEMAKER_MAX_PAYLOAD_IN_MB)")
+        runner, handler, codec_pool = model.runner, model.handler, model.codec_pool
+        if invocation.content_length is not None:
+            check_payload_size(invocation.content_length, settings.max_payload_bytes)
         runner.check_admission()
-        if not handler.checks_accept_itself:
+        if handler.default_encoders:
             codecs.negotiate(context.accept)
         if invocation.body_arrived:
             body = await invocation.read_body(settings.max_payload_bytes)
@@ -96,7 +100,7 @@ class InvocationPipeline:
         # worker threads: cheaper per request than a timeout context around it all.
         deadline = asyncio.get_running_loop().time() + settings.model_server_timeout_seconds
         try:
-            with entry.invocation(), runner.reserve() as slot:
+            with model.invocation(), runner.reserve() as slot:
                 pool = self._decode_pool(handler, codec_pool, body, context)
                 if pool is None:  # small bodies: a thread handoff would cost more
                     data = handler.decode(body, context)
@@ -111,7 +115,7 @@ class InvocationPipeline:
                         deadline, pool.run(handler.encode, rows, context))
         except InvocationTimeout:
             raise InvocationTimeout(
-                f"model {entry.name!r} did not answer within "
+                f"model {model.name!r} did not answer within "
                 f"{settings.model_server_timeout_seconds:g} s "
                 "(SAGEMAKER_MODEL_SERVER_TIMEOUT)") from None
         return Answer(payload, content_type.split(";")[0])
@@ -128,7 +132,7 @@ class InvocationPipeline:
     def _decode_pool(self, handler: ModelHandler, codec_pool: WorkerPool, body: bytes,
                      context: RequestContext) -> WorkerPool | None:
         """Where to decode: the model's threads (user code), the decode threads, or here."""
-        if handler.has_user_codecs:
+        if handler.user_codecs:
             return codec_pool
         if len(body) >= self.settings.decode_in_thread_bytes or \
                 codecs.media_type(context.content_type).startswith("image/"):
@@ -138,7 +142,7 @@ class InvocationPipeline:
     def _encode_pool(self, handler: ModelHandler, codec_pool: WorkerPool,
                      rows: Any) -> WorkerPool | None:
         """Where to encode: the model's threads (user code), the decode threads, or here."""
-        if handler.has_user_codecs:
+        if handler.user_codecs:
             return codec_pool
         if isinstance(rows, torch.Tensor) and rows.numel() >= ENCODE_IN_THREAD_VALUES:
             return self.decode_pool

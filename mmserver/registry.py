@@ -1,10 +1,11 @@
-"""The set of loaded models: load, get, list with a cursor, unload.
+"""The set of models: names mapped to a model being loaded or a :class:`LoadedModel`.
 
-Each loaded model is a :class:`ModelEntry` with its own ``ModelRunner``.
-Loading and unloading are asynchronous and guarded so that a name is never
-loaded twice: a name is *taken* from the moment its load starts until its
-unload has freed the model. The registry raises domain errors only; ``app``
-maps them to status codes.
+A name is *taken* from the moment its load starts until its unload has freed
+the model, so it is never loaded twice (409). Before a load the registry asks
+the url sandbox (``model_roots``) and the capacity policy (``capacity``); the
+load itself is ``loader``'s and a model's life is its own (``loaded_model``).
+Listing pages by an opaque cursor. Domain errors only; the HTTP layer maps
+them to status codes.
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import dataclasses
-import gc
 import logging
 import os
 import re
@@ -24,22 +23,18 @@ from pathlib import Path
 
 import torch
 
-from mmserver.batching import BatchSettings, ModelRunner, is_out_of_memory
-from mmserver.config import DEFAULT_MEMORY_BUDGET_SHARE, Settings
+from mmserver.capacity import CapacityPolicy, default_memory_budget_bytes, estimated_memory_bytes
+from mmserver.config import Settings
 from mmserver.errors import (
-    InsufficientResources,
-    InvalidModelArtifact,
     InvalidRequest,
-    LoadTimeout,
     ModelAlreadyLoaded,
     ModelLoading,
     ModelNotFound,
     ModelUrlNotFound,
-    UrlOutsideModelRoots,
 )
-from mmserver.handlers import SETTINGS_FILE, ModelHandler, estimated_memory_bytes
-from mmserver.resources import available_memory_bytes, memory_in_use_bytes
-from mmserver.workers import WorkerPool
+from mmserver.loaded_model import LoadedModel, ModelInfo
+from mmserver.loader import load_model
+from mmserver.model_roots import ModelRoots
 
 log = logging.getLogger(__name__)
 
@@ -51,248 +46,114 @@ _TOKEN_PREFIX = "after:"
 
 
 @dataclasses.dataclass(eq=False)
-class ModelEntry:
+class Loading:
+    """A name whose load is under way: it holds its estimated memory and refuses a second load."""
+
     name: str
     url: str
-    path: Path
-    state: str = "loading"
-    #: Estimated from the files while loading, measured from the model once loaded.
-    memory_bytes: int = 0
-    handler: ModelHandler | None = None
-    runner: ModelRunner | None = None
-    batch: BatchSettings | None = None
-    #: Runs this model's own input_fn/output_fn, so a stuck one holds no other model's thread.
-    codec_pool: WorkerPool | None = None
-    invocations: int = 0
-    idle: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    unloading: asyncio.Task | None = None
+    memory_bytes: int
+    status: str = "loading"
 
-    @property
-    def status(self) -> str:
-        """``loading``, ``ready``, ``unhealthy`` (a call is stuck) or ``unloading``."""
-        if self.state == "ready" and self.runner is not None and self.runner.stuck_seconds:
-            return "unhealthy"
-        return self.state
-
-    def invocation(self) -> _InvocationInProgress:
-        """``with entry.invocation():`` marks one in progress; unload waits for the last one."""
-        return _InvocationInProgress(self)
-
-    def describe(self) -> dict:
-        described = {"modelName": self.name, "modelUrl": self.url, "status": self.status}
-        if self.status == "unhealthy":
-            described["health"] = (
-                f"a call into the model has run for {self.runner.stuck_seconds:.0f} s, past its "
-                f"{self.runner.call_timeout:g} s limit (SAGEMAKER_MODEL_SERVER_TIMEOUT); new "
-                "requests get 503 until it returns; DELETE unloads it without waiting for it")
-        if self.runner is not None:
-            stats = self.runner.stats
-            described.update({
-                "device": str(self.runner.device),
-                "memoryBytes": self.memory_bytes,
-                "batching": self.batch.as_dict(),
-                "stats": {
-                    "queueDepth": self.runner.queue_depth,
-                    "requestsCompleted": stats.requests_completed,
-                    "requestsFailed": stats.requests_failed,
-                    "requestsRejected": stats.requests_rejected,
-                    "batches": stats.batches,
-                    "meanBatchSize": round(stats.mean_batch_size, 3),
-                },
-            })
-            if self.runner.sizer is not None:
-                described["stats"]["measuredBatchSize"] = self.runner.sizer.best
-        return described
+    def info(self) -> ModelInfo:
+        return ModelInfo(name=self.name, url=self.url, status=self.status)
 
 
-class _InvocationInProgress:
-    """A plain context manager (a generator-based one costs more on every request)."""
-
-    __slots__ = ("entry",)
-
-    def __init__(self, entry: ModelEntry):
-        self.entry = entry
-
-    def __enter__(self) -> None:
-        self.entry.invocations += 1
-        self.entry.idle.clear()
-
-    def __exit__(self, *exc_info: object) -> None:
-        entry = self.entry
-        entry.invocations -= 1
-        if entry.invocations == 0:
-            entry.idle.set()
+def pick_device(requested: str | None) -> torch.device:
+    """The device models run on: the one asked for, else CUDA when present, else the CPU."""
+    if requested:
+        return torch.device(requested)
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
 class ModelRegistry:
     def __init__(self, settings: Settings,
-                 on_loaded: Callable[[ModelEntry], None] | None = None,
-                 on_unloaded: Callable[[ModelEntry], None] | None = None):
+                 on_loaded: Callable[[LoadedModel], None] | None = None,
+                 on_unloaded: Callable[[LoadedModel], None] | None = None):
         self.settings = settings
-        self.device = torch.device(settings.device) if settings.device else (
-            torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
-        self.memory_budget_bytes = (settings.memory_budget_bytes
-                                    if settings.memory_budget_bytes is not None
-                                    else default_memory_budget_bytes(self.device))
-        self._roots = tuple(Path(os.path.realpath(r)) for r in settings.model_roots)
-        self._entries: dict[str, ModelEntry] = {}
+        self.device = pick_device(settings.device)
+        self.capacity = CapacityPolicy(
+            memory_budget_bytes=(settings.memory_budget_bytes
+                                 if settings.memory_budget_bytes is not None
+                                 else default_memory_budget_bytes(self.device)),
+            max_models=settings.max_models)
+        self.roots = ModelRoots(settings.model_roots)
+        self._models: dict[str, Loading | LoadedModel] = {}
+        #: Unloads under way, held here so that they finish even if their caller goes away.
+        self._unloads: dict[str, asyncio.Task] = {}
         self._on_loaded = on_loaded
         self._on_unloaded = on_unloaded
 
     # -- loading -------------------------------------------------------------
 
-    def resolve_url(self, url: str) -> Path:
-        """A url (a path, optionally ``file://``) to a real directory inside a model root."""
-        raw = url[len("file://"):] if url.startswith("file://") else url
-        if not raw or "\x00" in raw:
-            raise InvalidRequest("url must be a non-empty path to a model directory")
-        candidates = [Path(raw)] if os.path.isabs(raw) else [root / raw for root in self._roots]
-        for candidate in candidates:
-            try:
-                real = Path(os.path.realpath(candidate))
-                exists = real.exists()
-            except (OSError, ValueError) as error:  # a name too long, say
-                raise InvalidRequest(f"url {url[:300]!r} is not a usable path: "
-                                     f"{getattr(error, 'strerror', None) or error}") from None
-            self._check_inside_roots(real, f"url {url!r}")
-            if exists:
-                if not real.is_dir():
-                    raise InvalidRequest(f"url {url!r} is a file; it must be a model directory")
-                return real
-        raise ModelUrlNotFound(f"url {url!r} does not exist")
-
-    def _check_inside_roots(self, real: Path, what: str) -> None:
-        if not any(real == root or real.is_relative_to(root) for root in self._roots):
-            raise UrlOutsideModelRoots(
-                f"{what} resolves outside the model roots "
-                f"({', '.join(str(r) for r in self._roots)})")
-
-    def check_model_files(self, model_dir: Path) -> None:
-        """Every file the folder holds (``code/``, weights, ``mmserver.json``) stays inside a root.
-
-        A symlink inside a model folder could otherwise make the server run code or
-        read weights from anywhere; it is refused before any of the folder's code runs.
-        """
-        for folder, subfolders, files in os.walk(model_dir):
-            for name in [*subfolders, *files]:
-                path = Path(folder) / name
-                if path.is_symlink():
-                    self._check_inside_roots(Path(os.path.realpath(path)),
-                                             f"{path.relative_to(model_dir)} in the model folder")
-
-    async def load(self, name: str, url: str) -> ModelEntry:
+    async def load(self, name: str, url: str) -> LoadedModel:
         """Load the model directory ``url`` as ``name`` (checked against the model roots)."""
         validate_name(name)
-        path = self.resolve_url(url)
-        self.check_model_files(path)
-        return await self._load(name, url, path)
+        return await self._load(name, url, self.roots.resolve(url))
 
-    async def load_single(self, name: str, model_dir: Path) -> ModelEntry:
+    async def load_single(self, name: str, model_dir: Path) -> LoadedModel:
         """Single-model mode: the model SageMaker unpacked into /opt/ml/model."""
         if not Path(model_dir).is_dir():
             raise ModelUrlNotFound(f"single-model directory {str(model_dir)!r} does not exist")
         return await self._load(name, str(model_dir), Path(os.path.realpath(model_dir)))
 
-    async def _load(self, name: str, url: str, path: Path) -> ModelEntry:
-        if name in self._entries:
-            state = self._entries[name].state
-            raise ModelAlreadyLoaded(f"model {name!r} is already {state}")
+    async def _load(self, name: str, url: str, path: Path) -> LoadedModel:
+        if name in self._models:
+            raise ModelAlreadyLoaded(f"model {name!r} is already {self._models[name].status}")
         estimate = estimated_memory_bytes(path)
-        self._check_model_cap()
-        self._check_memory(estimate, "estimated from its files")
-        entry = ModelEntry(name=name, url=url, path=path, memory_bytes=estimate)
-        self._entries[name] = entry
+        self.capacity.check_room(len(self._models))
+        self.capacity.check_memory(estimate, self._memory_of_others(None),
+                                   "estimated from its files")
+        placeholder = self._models[name] = Loading(name, url, estimate)
         started = time.perf_counter()
+        model = None
         try:
-            handler = await self._build_handler(name, path)
-            entry.memory_bytes = max(handler.memory_bytes, estimate)
-            self._check_memory(entry.memory_bytes, "measured", loading=entry)
-            batch = _batch_settings(self.settings.batch, handler.batch_overrides)
-            runner = ModelRunner(handler.predict, batch, device=self.device, name=name,
-                                 concatenate=handler.row_wise,
-                                 call_timeout=self.settings.model_server_timeout_seconds)
-            await runner.start()
-        except BaseException as error:
-            del self._entries[name]
-            if is_out_of_memory(error):
-                raise InsufficientResources(
-                    f"out of memory while loading model {name!r}: {error}") from error
+            settings = self.settings
+            model = await load_model(
+                name, url, path, device=self.device, batch=settings.batch,
+                program=settings.program, load_timeout_seconds=settings.load_timeout_seconds,
+                call_timeout_seconds=settings.model_server_timeout_seconds,
+                estimate_bytes=estimate)
+            self.capacity.check_memory(model.memory_bytes, self._memory_of_others(placeholder),
+                                       "measured")
+            await model.start()
+        except BaseException:
+            del self._models[name]
+            if model is not None:
+                await model.close(drain_timeout=0)
             raise
-        entry.handler, entry.runner, entry.batch = handler, runner, batch
-        entry.codec_pool = WorkerPool(f"{name}-codec", workers=2)
-        entry.state = "ready"
+        self._models[name] = model
         log.info("model=%s loaded from %s in %.2f s (%d bytes, %s)", name, path,
-                 time.perf_counter() - started, entry.memory_bytes, self.device)
+                 time.perf_counter() - started, model.memory_bytes, self.device)
         if self._on_loaded:
-            self._on_loaded(entry)
-        return entry
+            self._on_loaded(model)
+        return model
 
-    async def _build_handler(self, name: str, path: Path) -> ModelHandler:
-        """Build the handler in a thread of its own, within the load timeout.
-
-        The memory the load took (process memory, and device memory on CUDA) is
-        measured around it, so what ``model_fn`` allocates beyond the weight files
-        counts against the budget. A load that never returns leaves its daemon
-        thread behind and frees the name.
-        """
-        timeout = self.settings.load_timeout_seconds
-
-        def build() -> ModelHandler:
-            before = memory_in_use_bytes(self.device)
-            handler = ModelHandler(path, device=self.device, program=self.settings.program)
-            handler.memory_bytes = max(handler.memory_bytes,
-                                       memory_in_use_bytes(self.device) - before)
-            return handler
-
-        pool = WorkerPool(f"load-{name}")
-        try:
-            async with asyncio.timeout(timeout):
-                return await pool.run(build)
-        except TimeoutError:
-            log.error("model=%s load did not finish within %g s; abandoned", name, timeout)
-            raise LoadTimeout(f"loading model {name!r} took longer than {timeout:g} s "
-                              "(MMSERVER_LOAD_TIMEOUT)") from None
-        finally:
-            pool.close()
-
-    def _check_model_cap(self) -> None:
-        if self.settings.max_models is not None and len(self._entries) >= self.settings.max_models:
-            raise InsufficientResources(
-                f"{len(self._entries)} models are loaded or loading, the most allowed "
-                f"(MMSERVER_MAX_MODELS={self.settings.max_models}); unload one first")
-
-    def _check_memory(self, needed: int, how: str, loading: ModelEntry | None = None) -> None:
-        """507 when ``needed`` bytes do not fit beside the other models (``loading`` aside)."""
-        used = sum(e.memory_bytes for e in self._entries.values() if e is not loading)
-        if used + needed > self.memory_budget_bytes:
-            raise InsufficientResources(
-                f"the model needs {needed / 2**20:.1f} MiB ({how}) but only "
-                f"{max(0, self.memory_budget_bytes - used) / 2**20:.1f} MiB of the "
-                f"{self.memory_budget_bytes / 2**20:.1f} MiB budget is free "
-                "(MMSERVER_MEMORY_BUDGET_MB); unload a model first")
+    def _memory_of_others(self, besides: Loading | None) -> int:
+        return sum(m.memory_bytes for m in self._models.values() if m is not besides)
 
     # -- lookup --------------------------------------------------------------
 
-    def find(self, name: str) -> ModelEntry:
-        """The model in any state, loading and unloading included (to describe it)."""
-        entry = self._entries.get(name)
-        if entry is None:
+    def info(self, name: str) -> ModelInfo:
+        """What the model is and does, in any state (loading and unloading included)."""
+        model = self._models.get(name)
+        if model is None:
             raise ModelNotFound(f"model {name!r} is not loaded")
-        return entry
+        return model.info()
 
-    def get(self, name: str) -> ModelEntry:
-        """The model, ready to serve."""
-        entry = self.find(name)
-        if entry.state != "ready":
+    def get(self, name: str) -> LoadedModel:
+        """The model, ready to serve (an unhealthy one included: it answers 503 while stuck)."""
+        model = self._models.get(name)
+        if not isinstance(model, LoadedModel) or model.unloading:
             raise ModelNotFound(f"model {name!r} is not loaded")
-        return entry
+        return model
 
-    def ready(self) -> list[ModelEntry]:
+    def ready(self) -> list[LoadedModel]:
         """Models that serve (an unhealthy one included: it answers 503 while stuck)."""
-        return [e for e in self._entries.values() if e.state == "ready"]
+        return [m for m in self._models.values()
+                if isinstance(m, LoadedModel) and not m.unloading]
 
     def page(self, limit: int | None = None,
-             next_page_token: str | None = None) -> tuple[list[ModelEntry], str | None]:
+             next_page_token: str | None = None) -> tuple[list[LoadedModel], str | None]:
         """Models sorted by name after the cursor; the token names the last one returned.
 
         The cursor is a name, not an offset, so models loaded or unloaded between
@@ -302,9 +163,10 @@ class ModelRegistry:
         if not 1 <= limit <= MAX_PAGE_LIMIT:
             raise InvalidRequest(f"limit must be between 1 and {MAX_PAGE_LIMIT}, got {limit}")
         after = decode_page_token(next_page_token) if next_page_token else None
-        names = sorted(e.name for e in self.ready() if after is None or e.name > after)
-        page = [self._entries[n] for n in names[:limit]]
-        token = encode_page_token(page[-1].name) if len(names) > limit else None
+        models = sorted((m for m in self.ready() if after is None or m.name > after),
+                        key=lambda m: m.name)
+        page = models[:limit]
+        token = encode_page_token(page[-1].name) if len(models) > limit else None
         return page, token
 
     # -- unloading -----------------------------------------------------------
@@ -317,39 +179,28 @@ class ModelRegistry:
         ``drain_timeout`` seconds (default: the invocation timeout, which no
         accepted request outlives); a stuck call is not waited for.
         """
-        entry = self._entries.get(name)
-        if entry is not None and entry.state == "loading":
+        if isinstance(self._models.get(name), Loading):
             raise ModelLoading(f"model {name!r} is still loading; unload it once it is ready")
-        entry = self.get(name)
-        entry.state = "unloading"
+        model = self.get(name)
+        model.unloading = True
         timeout = self.settings.model_server_timeout_seconds if drain_timeout is None \
             else drain_timeout
-        entry.unloading = asyncio.create_task(self._unload(entry, timeout))
-        await asyncio.shield(entry.unloading)
+        task = self._unloads[name] = asyncio.create_task(self._unload(model, timeout))
+        await asyncio.shield(task)
 
-    async def _unload(self, entry: ModelEntry, timeout: float) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout
+    async def _unload(self, model: LoadedModel, timeout: float) -> None:
         try:
-            await entry.runner.stop(timeout)
-            if entry.invocations:  # answered by the runner, maybe still in output_fn
-                remaining = max(0.0, deadline - asyncio.get_running_loop().time())
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(entry.idle.wait(), remaining)
+            await model.close(timeout)
         finally:
-            entry.handler.close()
-            entry.codec_pool.close()
-            entry.handler = entry.runner = entry.codec_pool = None
-            del self._entries[entry.name]
-            gc.collect()
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-            log.info("model=%s unloaded", entry.name)
+            del self._models[model.name]
+            self._unloads.pop(model.name, None)
+            log.info("model=%s unloaded", model.name)
             if self._on_unloaded:
-                self._on_unloaded(entry)
+                self._on_unloaded(model)
 
     async def close(self, drain_timeout: float | None = None) -> None:
         """Unload everything (on shutdown), answering accepted requests first."""
-        await asyncio.gather(*(self.unload(e.name, drain_timeout) for e in self.ready()),
+        await asyncio.gather(*(self.unload(m.name, drain_timeout) for m in self.ready()),
                              return_exceptions=True)
 
 
@@ -374,20 +225,3 @@ def decode_page_token(token: str) -> str:
     if not text.startswith(_TOKEN_PREFIX):
         raise InvalidRequest(f"next_page_token {token!r} is not a token this server issued")
     return text[len(_TOKEN_PREFIX):]
-
-
-def default_memory_budget_bytes(device: torch.device) -> int:
-    """A share of the memory free now: of the GPU for CUDA models, else of RAM (container limits
-    included)."""
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free * DEFAULT_MEMORY_BUDGET_SHARE)
-    return int(available_memory_bytes() * DEFAULT_MEMORY_BUDGET_SHARE)
-
-
-
-def _batch_settings(defaults: BatchSettings, overrides: dict) -> BatchSettings:
-    try:
-        return defaults.overridden(overrides)
-    except ValueError as error:
-        raise InvalidModelArtifact(f"{SETTINGS_FILE}: {error}") from None

@@ -21,6 +21,7 @@ from mmserver import codecs
 from mmserver.errors import (
     InvalidInput,
     InvalidModelArtifact,
+    MMServerError,
     ModelError,
     summarize_error,
 )
@@ -47,6 +48,16 @@ class RequestContext:
     content_type: str
     accept: str
     custom_attributes: str | None = None
+
+    @classmethod
+    def from_headers(cls, model_name: str, content_type: str | None, accept: str | None,
+                     custom_attributes: str | None, default_accept: str) -> RequestContext:
+        """The toolkit's defaults, in one place: a missing or ``*/*`` Accept becomes
+        ``default_accept`` (``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT``); a missing
+        Content-Type is JSON."""
+        if not accept or not accept.strip() or accept.strip() == "*/*":
+            accept = default_accept
+        return cls(model_name, content_type or codecs.DEFAULT_TYPE, accept, custom_attributes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +99,19 @@ class UserFunction:
         if self._context_keyword is not None:
             return self.function(*args, **{self._context_keyword: context})
         return self.function(*args, context)
+
+    def call_or_raise(self, fail: Callable[[BaseException], MMServerError], *args: Any,
+                      context: Any) -> Any:
+        """Call it; anything it raises but our own errors becomes ``fail(error)``.
+
+        ``BaseException`` too: a script's ``sys.exit()`` fails its call, never the server.
+        """
+        try:
+            return self(*args, context=context)
+        except MMServerError:
+            raise
+        except BaseException as error:
+            raise fail(error) from error
 
 
 def describe_error(error: BaseException) -> str:

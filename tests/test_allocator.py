@@ -22,6 +22,7 @@ import torch
 from conftest import running_server, write_torchscript
 
 from mmserver.allocator import keep_freed_memory_in_heap
+from mmserver.config import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from harness import SmallCNN  # noqa: E402 - the CNN of bench/peers.py, a few MiB per layer at 16 rows
@@ -58,10 +59,14 @@ def test_tuned_buffers_are_reused_instead_of_faulted_in_again():
     assert tuned["faults"] < 20 * PAGES_PER_CALL // 16, tuned  # untuned: up to every page
 
 
-@pytest.mark.parametrize("env", [{"MMSERVER_TUNE_MALLOC": "0"}, {"MALLOC_ARENA_MAX": "2"},
-                                 {"LD_PRELOAD": "libjemalloc.so.2"}])
+@pytest.mark.parametrize("env", [{"MALLOC_ARENA_MAX": "2"}, {"LD_PRELOAD": "libjemalloc.so.2"}])
 def test_a_choice_the_user_made_is_left_alone(env):
     assert keep_freed_memory_in_heap(env) is False
+
+
+def test_mmserver_tune_malloc_0_turns_the_tuning_off():
+    assert Settings.from_env({"MMSERVER_TUNE_MALLOC": "0"}).tune_malloc is False
+    assert Settings.from_env({}).tune_malloc is True
 
 
 def minor_faults(pid: int) -> int:

@@ -43,7 +43,10 @@ The knobs, fields of :class:`BatchSettings` (each per runner, so per model):
 
 Which requests form the next batch, and how long to wait, is decided by a
 :class:`BatchPlanner` (``planner.py``): a pure function of the queue and the
-clock, so the policy can be read, tested and changed on its own.
+clock, so the policy can be read, tested and changed on its own. A formed batch
+is run by a :class:`BatchExecutor` (``execution.py``): the worker thread,
+per-request failure isolation and the stuck-call watchdog. The runner
+(``runner.py``) is the queue, admission, deadlines and the loop between them.
 
 Guarantees, whatever the policy:
 
@@ -68,16 +71,14 @@ The package imports no web framework and, of mmserver, only ``errors`` and
 ``workers`` (two leaves), so a notebook can run it on its own.
 """
 
+from mmserver.batching.execution import BatchExecutor
+from mmserver.batching.failures import is_out_of_memory
 from mmserver.batching.planner import BatchPlanner, Plan
-from mmserver.batching.runner import (
-    BatchRecord,
-    ModelRunner,
-    Reservation,
-    RunnerStats,
-    is_out_of_memory,
-)
-from mmserver.batching.settings import POLICIES, SIZINGS, BatchSettings
+from mmserver.batching.reservation import Reservation
+from mmserver.batching.runner import ModelRunner
+from mmserver.batching.settings import KNOBS, POLICIES, SIZINGS, BatchSettings, Knob
 from mmserver.batching.sizing import BatchSizer
+from mmserver.batching.stats import BatchRecord, RunnerStats
 from mmserver.errors import (
     InvocationTimeout,
     ModelError,
@@ -89,13 +90,16 @@ from mmserver.errors import (
 )
 
 __all__ = [
+    "KNOBS",
     "POLICIES",
     "SIZINGS",
+    "BatchExecutor",
     "BatchPlanner",
     "BatchRecord",
     "BatchSettings",
     "BatchSizer",
     "InvocationTimeout",
+    "Knob",
     "ModelError",
     "ModelOutOfMemory",
     "ModelRunner",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from mmserver.errors import ModelError, ModelOutOfMemory, summarize_error
+from mmserver.workers import UserCodeExit
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -20,7 +21,7 @@ def as_model_error(error: BaseException, name: str) -> ModelError:
     if isinstance(error, ModelError):
         return error
     kind = ModelOutOfMemory if is_out_of_memory(error) else ModelError
-    cause = error.__cause__ if error.__class__.__name__ == "UserCodeExit" else error
+    cause = error.__cause__ if isinstance(error, UserCodeExit) else error
     wrapped = kind(
         f"model {name!r} failed: {cause.__class__.__name__}: {summarize_error(cause)}")
     wrapped.__cause__ = error

@@ -1,9 +1,13 @@
-"""The knobs of one ``ModelRunner``, defined and checked in one place.
+"""The knobs of one ``ModelRunner``, each declared once.
 
-The environment (``MMSERVER_*``), the command line and a model's
-``mmserver.json`` all build a :class:`BatchSettings`; nothing else repeats its
-defaults or its checks. See the package docstring of ``mmserver.batching`` for
-what each knob does to latency and throughput.
+A knob is a :class:`BatchSettings` field (its default and its check) plus one
+:class:`Knob` line that says how every edge spells it: the ``mmserver.json``
+key, the command-line flag (the key with dashes), the environment variable,
+and the unit the edges use (``max_wait`` is seconds inside, milliseconds at
+every edge). The environment, the command line, ``mmserver.json`` and the
+describe answer all derive from :data:`KNOBS`; nothing else repeats a knob.
+See the package docstring of ``mmserver.batching`` for what each knob does to
+latency and throughput.
 """
 
 from __future__ import annotations
@@ -14,6 +18,39 @@ from collections.abc import Mapping
 
 POLICIES = ("greedy", "timer")
 SIZINGS = ("max", "measured")
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    """How the edges spell one :class:`BatchSettings` field."""
+
+    field: str
+    #: The ``mmserver.json`` key; ``--key-with-dashes`` on the command line.
+    key: str
+    env: str
+    #: The edges' unit, for help texts ("rows", "ms", "requests"); empty for a word.
+    unit: str
+    help: str
+    #: The Python type an edge value has (int, float or str).
+    kind: type
+    #: Edge value = field value x this (1000 for a wait in ms held in seconds).
+    edge_per_field: float = 1
+    choices: tuple[str, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+    def edge_value(self, settings: BatchSettings) -> object:
+        value = getattr(settings, self.field)
+        return value * self.edge_per_field if self.edge_per_field != 1 else value
+
+    def field_value(self, edge_value: object) -> object:
+        if self.edge_per_field == 1:
+            return edge_value
+        if isinstance(edge_value, bool) or not isinstance(edge_value, (int, float)):
+            raise ValueError(f"{self.key} must be a number, got {edge_value!r}")
+        return edge_value / self.edge_per_field
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,25 +79,39 @@ class BatchSettings:
         if self.batch_sizing not in SIZINGS:
             raise ValueError(f"batch_sizing must be one of {SIZINGS}, got {self.batch_sizing!r}")
 
-    #: Keys of a model's ``mmserver.json`` that override these settings (wait in ms there).
-    OVERRIDE_KEYS = ("max_batch_size", "max_wait_ms", "max_queue_size", "policy", "batch_sizing")
-
     def overridden(self, overrides: Mapping[str, object]) -> BatchSettings:
-        """These settings with a model's ``mmserver.json`` on top; unknown keys are refused."""
-        unknown = set(overrides) - set(self.OVERRIDE_KEYS)
+        """These settings with edge values on top (``mmserver.json`` keys); unknown keys are refused.
+
+        A ``ValueError`` names the edge key (``max_wait_ms``), not the field.
+        """
+        unknown = set(overrides) - KNOBS_BY_KEY.keys()
         if unknown:
             raise ValueError(f"unknown batching settings {sorted(unknown)}; "
-                             f"known: {sorted(self.OVERRIDE_KEYS)}")
-        changes = {k: v for k, v in overrides.items() if k != "max_wait_ms"}
-        if "max_wait_ms" in overrides:
-            wait_ms = overrides["max_wait_ms"]
-            if isinstance(wait_ms, bool) or not isinstance(wait_ms, (int, float)):
-                raise ValueError(f"max_wait_ms must be a number, got {wait_ms!r}")
-            changes["max_wait"] = wait_ms / 1000.0
-        return dataclasses.replace(self, **changes)
+                             f"known: {sorted(KNOBS_BY_KEY)}")
+        changes = {KNOBS_BY_KEY[key].field: KNOBS_BY_KEY[key].field_value(value)
+                   for key, value in overrides.items()}
+        try:
+            return dataclasses.replace(self, **changes)
+        except ValueError as error:
+            knob = KNOBS_BY_FIELD.get(str(error).split(" ", 1)[0])
+            if knob is None or knob.key == knob.field:
+                raise
+            raise ValueError(f"{knob.key}={overrides[knob.key]!r} is not allowed: {error}") from None
 
-    def as_dict(self) -> dict[str, object]:
-        """The ``batching`` object of ``GET /models/{name}``."""
-        return {"maxBatchSize": self.max_batch_size, "maxWaitMs": self.max_wait * 1000.0,
-                "maxQueueSize": self.max_queue_size, "policy": self.policy,
-                "batchSizing": self.batch_sizing}
+
+KNOBS = (
+    Knob("max_batch_size", "max_batch_size", "MMSERVER_MAX_BATCH_SIZE", "rows",
+         "the most rows one model call sees", int),
+    Knob("max_wait", "max_wait_ms", "MMSERVER_MAX_WAIT_MS", "ms",
+         "how long the oldest queued request may wait for company", float, edge_per_field=1000),
+    Knob("max_queue_size", "max_queue_size", "MMSERVER_MAX_QUEUE_SIZE", "requests",
+         "requests admitted and not yet in a batch; past it, 503", int),
+    Knob("policy", "policy", "MMSERVER_BATCH_POLICY", "",
+         "when a batch runs: greedy (when the model is idle) or timer (the book's rule)", str,
+         choices=POLICIES),
+    Knob("batch_sizing", "batch_sizing", "MMSERVER_BATCH_SIZING", "",
+         "when a batch is full: at max_batch_size rows, or at the size measured to serve the "
+         "most rows/s", str, choices=SIZINGS),
+)
+KNOBS_BY_KEY = {knob.key: knob for knob in KNOBS}
+KNOBS_BY_FIELD = {knob.field: knob for knob in KNOBS}

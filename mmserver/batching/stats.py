@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,17 +35,23 @@ class RunnerStats:
     batches: int = 0
     rows: int = 0
     batch_size_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    queue_wait_seconds_total: float = 0.0
     compute_seconds_total: float = 0.0
 
     def add(self, record: BatchRecord) -> None:
         self.batches += 1
         self.rows += record.rows
         self.batch_size_counts[record.rows] += 1
-        self.queue_wait_seconds_total += sum(record.queue_wait_seconds)
         self.compute_seconds_total += record.compute_seconds
 
     @property
     def mean_batch_size(self) -> float:
         """Mean rows per model call (0 before the first batch)."""
         return self.rows / self.batches if self.batches else 0.0
+
+    def drain_seconds(self, queue_depth: int, max_batch_size: int) -> float:
+        """About how long ``queue_depth`` queued requests take to run (a client's Retry-After).
+
+        At least 1 s; before the first batch a batch is taken to cost 0.1 s.
+        """
+        per_batch = self.compute_seconds_total / self.batches if self.batches else 0.1
+        return max(1.0, math.ceil(queue_depth / max_batch_size) * per_batch)

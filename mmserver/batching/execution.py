@@ -1,0 +1,172 @@
+"""Running one formed batch: the worker thread, failure isolation, and the stuck-call watchdog.
+
+The runner (``runner.py``) decides *which* requests form a batch; a
+:class:`BatchExecutor` runs it and answers every request in it:
+
+* the model runs in the runner's own daemon worker thread under
+  ``torch.inference_mode()``, never on the event loop;
+* if the batched call raises, the batch is retried request by request, so
+  only the failing requests fail; an out-of-memory batch is retried in halves
+  first, since a smaller batch may fit;
+* a call that outlives ``call_timeout`` fails its requests with
+  :class:`InvocationTimeout` and leaves the executor *stuck* until the call
+  returns (the thread cannot be interrupted; it is abandoned on close);
+* each successful single call is timed around the model alone, for the
+  :class:`BatchSizer`.
+
+What crosses threads: the worker thread gets the inputs and row counts as
+arguments and returns ``(outputs, model_seconds)``; the future carries them
+back to the loop. Every other field here is read and written on the loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from mmserver.batching.failures import as_model_error, is_out_of_memory
+from mmserver.batching.rows import concatenate, moved, split_rows
+from mmserver.batching.stats import RunnerStats
+from mmserver.errors import InvocationTimeout
+from mmserver.workers import WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(eq=False)
+class QueuedRequest:
+    """One submitted request: its input, its answer-to-be, and what the planner reads."""
+
+    data: Any
+    future: asyncio.Future
+    arrival: float
+    rows: int
+    key: Any
+
+
+class BatchExecutor:
+    """Runs batches of one model, one at a time, and answers each request exactly once."""
+
+    def __init__(self, model: Callable[[Any], Any], *, device: torch.device | None, name: str,
+                 concatenate_rows: bool, call_timeout: float | None, stats: RunnerStats):
+        self.model = model
+        self.device = device
+        self.name = name
+        self.concatenate_rows = concatenate_rows
+        self.call_timeout = call_timeout
+        self.stats = stats
+        self._pool: WorkerPool | None = None
+        self._call_started: float | None = None
+        #: Set while a call runs past ``call_timeout``; cleared when it returns.
+        self.stuck = asyncio.Event()
+        self.on_unstuck: Callable[[], None] | None = None
+
+    def open(self) -> None:
+        self._pool = WorkerPool(self.name, workers=1)
+
+    def close(self) -> None:
+        """Let the worker thread end after its call; a stuck one is abandoned (a daemon)."""
+        if self._pool is not None:
+            self._pool.close()
+
+    def answer(self, request: QueuedRequest, *, result: Any = None,
+               error: BaseException | None = None) -> None:
+        """Answer ``request`` unless it already was (cancelled, expired), and count it."""
+        if request.future.done():
+            return
+        if error is None:
+            request.future.set_result(result)
+            self.stats.requests_completed += 1
+        else:
+            request.future.set_exception(error)
+            self.stats.requests_failed += 1
+
+    @property
+    def stuck_seconds(self) -> float | None:
+        """How long the call past ``call_timeout`` has run, or None when healthy."""
+        if not self.stuck.is_set() or self._call_started is None:
+            return None
+        return time.perf_counter() - self._call_started
+
+    async def run(self, batch: list[QueuedRequest]) -> float | None:
+        """Run ``batch``, answering every request in it exactly once.
+
+        Returns the model's own seconds when the batch ran as one successful
+        call (what the sizer learns from), else None.
+        """
+        live = [r for r in batch if not r.future.done()]
+        if not live:
+            return None
+        try:
+            outputs, model_seconds = await self._call([r.data for r in live],
+                                                      [r.rows for r in live])
+        except InvocationTimeout as error:
+            for request in live:
+                self.answer(request, error=error)
+            return None
+        except Exception as error:  # noqa: BLE001 - any model error is the request's answer
+            if len(live) == 1:
+                self.answer(live[0], error=as_model_error(error, self.name))
+                return None
+            log.warning("model=%s batch of %d requests failed (%s); retrying smaller",
+                        self.name, len(live), error.__class__.__name__)
+            parts = ([live[:len(live) // 2], live[len(live) // 2:]] if is_out_of_memory(error)
+                     else [[request] for request in live])
+            for part in parts:
+                await self.run(part)
+            return None
+        for request, output in zip(live, outputs):
+            self.answer(request, result=output)
+        return model_seconds
+
+    async def _call(self, inputs: list[Any], sizes: list[int]) -> tuple[list[Any], float | None]:
+        """One call in the worker thread, watched by ``call_timeout``."""
+        call = self._pool.run(self._call_in_thread, inputs, sizes)
+        self._call_started = time.perf_counter()
+        try:
+            if self.call_timeout is None:
+                return await call
+            try:
+                return await asyncio.wait_for(asyncio.shield(call), self.call_timeout)
+            except TimeoutError:
+                self.stuck.set()
+                log.error("model=%s a call has run past its %g s limit; the model is unhealthy "
+                          "until it returns", self.name, self.call_timeout)
+                call.add_done_callback(self._unstuck)
+                raise InvocationTimeout(
+                    f"model {self.name!r} did not answer within its {self.call_timeout:g} s "
+                    "call timeout") from None
+        finally:
+            if not self.stuck.is_set():
+                self._call_started = None
+
+    def _unstuck(self, call: asyncio.Future) -> None:
+        if not call.cancelled():
+            call.exception()  # retrieved: the requests were answered already
+        self.stuck.clear()
+        self._call_started = None
+        log.warning("model=%s the stuck call returned; the model is healthy again", self.name)
+        if self.on_unstuck is not None:
+            self.on_unstuck()
+
+    def _call_in_thread(self, inputs: list[Any], sizes: list[int]) -> tuple[list[Any], float | None]:
+        """In the worker thread: concatenate, move, call, move back, split.
+
+        Reads only its arguments and fields fixed at construction; returns what it measured.
+        """
+        with torch.inference_mode():
+            if not self.concatenate_rows:
+                return [moved(self.model(moved(inputs[0], self.device)), None, to_cpu=True)], None
+            batch = inputs[0] if len(inputs) == 1 else concatenate(inputs)
+            if self.device is not None:
+                batch = moved(batch, self.device)
+            started = time.perf_counter()
+            output = moved(self.model(batch), None, to_cpu=True)
+            model_seconds = time.perf_counter() - started
+            return split_rows(output, sizes), model_seconds

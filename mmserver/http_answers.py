@@ -1,0 +1,74 @@
+"""The JSON answers of the management routes, built from plain data.
+
+The SageMaker contract and MMS spell keys in camelCase (``modelName``,
+``nextPageToken``); the rest of the package speaks Python. This module is the
+one place that turns :class:`~mmserver.loaded_model.ModelInfo` and
+:class:`~mmserver.batching.BatchSettings` into those keys. A batching knob's
+key is its ``mmserver.json`` key in camelCase (``max_wait_ms`` -> ``maxWaitMs``),
+derived from :data:`mmserver.batching.KNOBS`, so a new knob needs no line here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from mmserver.batching import KNOBS, BatchSettings
+from mmserver.loaded_model import LoadedModel, ModelInfo
+
+
+def camel_case(key: str) -> str:
+    first, *rest = key.split("_")
+    return first + "".join(word.capitalize() for word in rest)
+
+
+def batching(settings: BatchSettings) -> dict[str, object]:
+    """The ``batching`` object of a describe answer: each knob in the edges' unit."""
+    return {camel_case(knob.key): knob.edge_value(settings) for knob in KNOBS}
+
+
+def described(info: ModelInfo) -> dict[str, object]:
+    """``GET /models/{name}``."""
+    answer: dict[str, object] = {"modelName": info.name, "modelUrl": info.url,
+                                 "status": info.status}
+    if info.status == "unhealthy":
+        answer["health"] = (
+            f"a call into the model has run for {info.stuck_seconds:.0f} s, past its "
+            f"{info.call_timeout_seconds:g} s limit (SAGEMAKER_MODEL_SERVER_TIMEOUT); new "
+            "requests get 503 until it returns; DELETE unloads it without waiting for it")
+    if info.stats is None:
+        return answer
+    stats = info.stats
+    answer.update({
+        "device": str(info.device),
+        "memoryBytes": info.memory_bytes,
+        "batching": batching(info.batching),
+        "stats": {
+            "queueDepth": info.queue_depth,
+            "requestsCompleted": stats.requests_completed,
+            "requestsFailed": stats.requests_failed,
+            "requestsRejected": stats.requests_rejected,
+            "batches": stats.batches,
+            "meanBatchSize": round(stats.mean_batch_size, 3),
+        },
+    })
+    if info.measured_batch_size is not None:
+        answer["stats"]["measuredBatchSize"] = info.measured_batch_size
+    return answer
+
+
+def listed(models: Iterable[LoadedModel], next_page_token: str | None) -> dict[str, object]:
+    """``GET /models``: one page; ``nextPageToken`` only when a model follows."""
+    answer: dict[str, object] = {"models": [{"modelName": m.name, "modelUrl": m.url}
+                                            for m in models]}
+    if next_page_token is not None:
+        answer["nextPageToken"] = next_page_token
+    return answer
+
+
+def loaded(model: LoadedModel) -> dict[str, object]:
+    return {"status": f"model {model.name!r} loaded", "modelName": model.name,
+            "modelUrl": model.url}
+
+
+def unloaded(name: str) -> dict[str, object]:
+    return {"status": f"model {name!r} unloaded", "modelName": name}

@@ -1,0 +1,142 @@
+"""Errors as HTTP answers, in one place: the status of each error class, the body, the middleware.
+
+Every error leaves as ``{"code": N, "type": "...", "message": "..."}`` (the
+MMS/TorchServe shape). :data:`STATUS_BY_ERROR` maps the package's domain errors
+to status codes; an error takes the entry of the nearest class in its
+hierarchy (as Starlette looks up exception handlers), so the order of the table
+never matters. :func:`answer_errors` is the one place where an exception
+becomes a response; it also counts and logs invocations, whatever their answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+
+from aiohttp import hdrs, web
+
+from mmserver import errors
+
+log = logging.getLogger(__name__)
+
+STATUS_BY_ERROR: dict[type[BaseException], int] = {
+    errors.InvalidRequest: 400,
+    errors.InvalidInput: 400,
+    errors.InvalidModelArtifact: 400,
+    errors.Unauthorized: 401,
+    errors.ModelUrlNotFound: 404,
+    errors.ModelNotFound: 404,
+    errors.RunnerClosed: 404,
+    errors.NotAcceptable: 406,
+    errors.BodyTimeout: 408,
+    errors.ModelAlreadyLoaded: 409,
+    errors.ModelLoading: 409,
+    errors.PayloadTooLarge: 413,
+    errors.UnsupportedContentType: 415,
+    errors.ModelError: 500,
+    errors.QueueFull: 503,
+    errors.ModelUnhealthy: 503,
+    errors.InvocationTimeout: 504,
+    errors.LoadTimeout: 504,
+    errors.InsufficientResources: 507,
+    errors.ModelOutOfMemory: 507,
+}
+
+#: The request key under which an invocation records (model name, start time) for the count.
+INVOCATION = web.RequestKey("mmserver.invocation", tuple)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def status_for(error: BaseException) -> int | None:
+    """The status of the nearest class of ``error`` that has one; None for a foreign error."""
+    for cls in type(error).__mro__:
+        if cls in STATUS_BY_ERROR:
+            return STATUS_BY_ERROR[cls]
+    return None
+
+
+def error_response(status: int, message: str, error_type: str | None = None,
+                   headers: dict | None = None) -> web.Response:
+    body = {"code": status, "type": error_type or _reason(status), "message": message}
+    return web.json_response(body, status=status, headers=headers)
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase.replace(" ", "")
+    except ValueError:
+        return "Error"
+
+
+def domain_error_response(error: errors.MMServerError) -> web.Response:
+    headers = None
+    if isinstance(error, errors.QueueFull):
+        headers = {hdrs.RETRY_AFTER: str(math.ceil(error.retry_after_seconds))}
+    elif isinstance(error, errors.Unauthorized):
+        headers = {hdrs.WWW_AUTHENTICATE: "Bearer"}
+    return error_response(status_for(error) or 500, str(error), type(error).__name__, headers)
+
+
+def answer_errors(on_invocation: Callable[[str, int, float], None]):
+    """The middleware that turns every exception into a JSON answer.
+
+    ``on_invocation(model_name, status, seconds)`` is called for each request that
+    recorded itself under :data:`INVOCATION`, with the status it was answered.
+    """
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        error = None
+        try:
+            response = await handler(request)
+        except web.HTTPException as http_error:
+            if http_error.status < 400:
+                raise
+            response = error_response(
+                http_error.status, http_error.reason or _reason(http_error.status),
+                headers={k: v for k, v in http_error.headers.items() if k in (hdrs.ALLOW,)})
+        except errors.MMServerError as domain_error:
+            error = domain_error
+            response = domain_error_response(domain_error)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the server must answer, not die
+            log.exception("unexpected error on %s %s", request.method, request.path)
+            response = error_response(500, "internal server error; see the server log")
+        invocation = request.get(INVOCATION)
+        if invocation is not None:
+            name, started = invocation
+            if error is not None:
+                _log_failed_invocation(name, response.status, error)
+            on_invocation(name, response.status, time.perf_counter() - started)
+        return response
+
+    return middleware
+
+
+def _log_failed_invocation(name: str, status: int, error: BaseException) -> None:
+    """One line per failure; the full chain of a server-side error only at debug level."""
+    if status >= 500 and status != 503:  # shedding load is routine
+        log.warning("model=%s invoke answered %d: %s", name, status, error)
+        log.debug("model=%s cause of the %d", name, status, exc_info=error)
+    else:
+        log.debug("model=%s invoke answered %d: %s", name, status, error)
+
+
+def requires_token(handler: Handler, token: str) -> Handler:
+    """``handler`` behind ``Authorization: Bearer <token>`` (401 otherwise)."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        scheme, _, given = request.headers.get(hdrs.AUTHORIZATION, "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
+                                                                  token.encode()):
+            raise errors.Unauthorized("loading and unloading models needs "
+                                      "'Authorization: Bearer <MMSERVER_MANAGEMENT_TOKEN>'")
+        return await handler(request)
+
+    return guarded

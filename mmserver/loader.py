@@ -1,0 +1,63 @@
+"""Loading: a model folder to a :class:`LoadedModel`, within the load timeout.
+
+The folder's code runs in a thread of its own (``model_fn`` may take minutes,
+or never return), and the memory that load takes is measured around it
+(``capacity.measured_load``). The batch settings are the server's with the
+folder's ``mmserver.json`` on top. The runner is built here but not started:
+the registry first checks the measured memory against the budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import torch
+
+from mmserver.batching import BatchSettings, ModelRunner, is_out_of_memory
+from mmserver.capacity import measured_load
+from mmserver.errors import InsufficientResources, InvalidModelArtifact, LoadTimeout
+from mmserver.handlers import SETTINGS_FILE, ModelHandler
+from mmserver.loaded_model import LoadedModel
+from mmserver.workers import WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+async def load_model(name: str, url: str, path: Path, *, device: torch.device,
+                     batch: BatchSettings, program: str, load_timeout_seconds: float,
+                     call_timeout_seconds: float, estimate_bytes: int = 0) -> LoadedModel:
+    """Build the model's handler in its own thread and wrap it with a runner (not started).
+
+    Raises :class:`LoadTimeout` past ``load_timeout_seconds`` (the thread, a daemon,
+    is abandoned), :class:`InsufficientResources` when memory ran out, and
+    :class:`InvalidModelArtifact` for a folder that cannot be served.
+    """
+    pool = WorkerPool(f"load-{name}")
+    try:
+        async with asyncio.timeout(load_timeout_seconds):
+            handler, measured = await pool.run(
+                measured_load, device,
+                lambda: ModelHandler(path, device=device, program=program),
+                lambda loaded: loaded.model)
+    except TimeoutError:
+        log.error("model=%s load did not finish within %g s; abandoned", name,
+                  load_timeout_seconds)
+        raise LoadTimeout(f"loading model {name!r} took longer than {load_timeout_seconds:g} s "
+                          "(MMSERVER_LOAD_TIMEOUT)") from None
+    except BaseException as error:
+        if is_out_of_memory(error):
+            raise InsufficientResources(
+                f"out of memory while loading model {name!r}: {error}") from error
+        raise
+    finally:
+        pool.close()
+    try:
+        settings = batch.overridden(handler.batch_overrides)
+    except ValueError as error:
+        handler.close()
+        raise InvalidModelArtifact(f"{SETTINGS_FILE}: {error}") from None
+    runner = ModelRunner(handler.predict, settings, device=device, name=name,
+                         concatenate=handler.row_wise, call_timeout=call_timeout_seconds)
+    return LoadedModel(name, url, path, handler, runner, max(measured, estimate_bytes))
