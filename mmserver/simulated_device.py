@@ -39,23 +39,29 @@ on the row size (t(b) is ResNet-50 on 224x224 images whatever rows are sent; onl
 see the real bytes). Everything it reports says it is simulated: :attr:`SimulatedDevice.label`
 and its ``repr``.
 
-This module imports only torch and the standard library, so ``mmserver`` and ``loadtests``
-can both use it.
+:func:`write_model_folder` writes a model folder served by it (``code/inference.py`` and
+:data:`SETTINGS_FILE`); it lives here, beside :meth:`SimulatedDevice.from_file`, so that the
+settings file is written and read in one module. This module imports only torch and the
+standard library, so ``mmserver`` and ``loadtests`` can both use it.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
 import torch
 
 __all__ = [
     "DEFAULT_FIGURE", "PCIE3_X16_BYTES_PER_SECOND", "PUBLISHED_BATCH_SIZES", "RESNET50",
-    "SOURCE", "DeviceStats", "LinearBatchTime", "PublishedBatchTime", "SimulatedDevice",
+    "SETTINGS_FILE", "SOURCE", "DeviceStats", "LinearBatchTime", "PublishedBatchTime",
+    "SimulatedDevice", "write_model_folder",
 ]
 
 SOURCE = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "
@@ -89,6 +95,25 @@ DEFAULT_FIGURE = "V100 16GB, FP32"
 
 #: PCIe 3.0: 8e9 transfers/s per lane, 128 bits carried in 130, 16 lanes, 8 bits a byte.
 PCIE3_X16_BYTES_PER_SECOND = 8e9 * 128 / 130 * 16 / 8
+
+#: The model folder's parameters, read by :meth:`SimulatedDevice.from_file`.
+SETTINGS_FILE = "simulated_device.json"
+
+INFERENCE_SOURCE = '''\
+"""A simulated GPU, not a real one: mmserver.simulated_device with the parameters in
+simulated_device.json. The default input_fn and output_fn: JSON or .npy rows in, JSON out."""
+
+from pathlib import Path
+
+from mmserver.simulated_device import SETTINGS_FILE, SimulatedDevice
+
+MMSERVER_ROW_WISE = True
+
+
+def model_fn(model_dir):
+    return SimulatedDevice.from_file(Path(model_dir) / SETTINGS_FILE)
+'''
+
 
 @dataclasses.dataclass(frozen=True)
 class PublishedBatchTime:
@@ -162,6 +187,10 @@ class DeviceStats:
         return self.compute_seconds + self.transfer_seconds
 
 
+#: The keys of :data:`SETTINGS_FILE` besides ``figure``.
+_LINEAR_KEYS = ("fixed_seconds", "per_row_seconds")
+_OPTION_KEYS = ("time_scale", "input_features", "host_link_bytes_per_second", "stream")
+
 _STREAMS: dict[str, threading.Lock] = {}
 _STREAMS_GUARD = threading.Lock()
 
@@ -209,6 +238,32 @@ class SimulatedDevice(torch.nn.Module):
         self._stats_lock = threading.Lock()
         self._stats = DeviceStats()
         self._inside = 0
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> SimulatedDevice:
+        """A device from a JSON file holding what :meth:`from_settings` takes."""
+        return cls.from_settings(json.loads(Path(path).read_text()), Path(path).name)
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any],
+                      name: str = SETTINGS_FILE) -> SimulatedDevice:
+        """A device from ``figure`` (a key of :data:`RESNET50`) or ``fixed_seconds`` and
+        ``per_row_seconds``, and optionally ``time_scale``, ``input_features``,
+        ``host_link_bytes_per_second``, ``stream``. Any other key is refused, so a misspelt
+        one is not silently ignored; ``name`` says where the settings came from."""
+        if not isinstance(settings, Mapping):
+            raise ValueError(f"{name} must hold a JSON object")
+        unknown = sorted(settings.keys() - {"figure", *_LINEAR_KEYS, *_OPTION_KEYS})
+        if unknown:
+            raise ValueError(f"{name}: unknown keys {unknown}; allowed: figure, "
+                             f"{', '.join(_LINEAR_KEYS + _OPTION_KEYS)}")
+        linear = settings.keys() & set(_LINEAR_KEYS)
+        if linear and "figure" in settings:
+            raise ValueError(f"{name}: give figure or fixed_seconds/per_row_seconds, not both")
+        batch_seconds: str | LinearBatchTime = (
+            LinearBatchTime(*(float(settings.get(key, 0.0)) for key in _LINEAR_KEYS))
+            if linear else settings.get("figure", DEFAULT_FIGURE))
+        return cls(batch_seconds, **{key: settings[key] for key in _OPTION_KEYS if key in settings})
 
     # -- the costs ----------------------------------------------------------------------
 
@@ -280,3 +335,29 @@ class SimulatedDevice(torch.nn.Module):
         return (f"{self.label!r}, stream={self.stream!r}, "
                 f"host_link_bytes_per_second={self.host_link_bytes_per_second:.4g}")
 
+
+def write_model_folder(model_dir: str | Path, *, figure: str = DEFAULT_FIGURE,
+                       fixed_seconds: float | None = None, per_row_seconds: float | None = None,
+                       time_scale: float = 1.0, input_features: int = 16,
+                       stream: str = "default") -> Path:
+    """Write a model folder served by a :class:`SimulatedDevice` and return it.
+
+    ``code/inference.py`` is row-wise and builds the device from :data:`SETTINGS_FILE`, which
+    holds ``figure`` (or ``fixed_seconds``/``per_row_seconds`` when either is given),
+    ``time_scale``, ``input_features`` and ``stream`` (folders naming one stream share one
+    simulated GPU when served by one process). The server's default codecs read the rows
+    (JSON or .npy) and write the answer. The settings are checked by building the device
+    once here, so a bad folder is refused when written, not when loaded.
+    """
+    model_dir = Path(model_dir)
+    if fixed_seconds is not None or per_row_seconds is not None:
+        settings: dict[str, Any] = {"fixed_seconds": fixed_seconds or 0.0,
+                                    "per_row_seconds": per_row_seconds or 0.0}
+    else:
+        settings = {"figure": figure}
+    settings.update(time_scale=time_scale, input_features=input_features, stream=stream)
+    SimulatedDevice.from_settings(settings)
+    (model_dir / "code").mkdir(parents=True, exist_ok=True)
+    (model_dir / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+    (model_dir / "code" / "inference.py").write_text(INFERENCE_SOURCE)
+    return model_dir

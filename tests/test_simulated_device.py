@@ -1,25 +1,31 @@
 """The simulated GPU: t(b) from NVIDIA's figures, no CPU held, one call at a time, copies,
-exact statistics and its label."""
+exact statistics, its label, and its model folder served by a real server."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import io
 import itertools
+import json
 import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, running_server
 
 from mmserver.simulated_device import (
     DEFAULT_FIGURE,
     PCIE3_X16_BYTES_PER_SECOND,
     PUBLISHED_BATCH_SIZES,
     RESNET50,
+    SETTINGS_FILE,
     LinearBatchTime,
     PublishedBatchTime,
     SimulatedDevice,
+    write_model_folder,
 )
 
 if str(ROOT) not in sys.path:  # loadtests/ is a folder of the repository, not an installed package
@@ -196,3 +202,49 @@ def test_it_says_it_is_simulated():
         assert "simulated" in text and "not a real GPU" in text
     assert "x0.1" in device("T4, FP32", time_scale=0.1).label
     assert list(gpu.parameters()) == [] and gpu.to("cpu").eval() is gpu
+
+
+# -- the model folder ---------------------------------------------------------------------------
+
+
+def test_the_model_folder_holds_its_parameters(tmp_path):
+    folder = write_model_folder(tmp_path / "sim", figure="T4, FP32", time_scale=0.01,
+                                input_features=8)
+    settings = json.loads((folder / SETTINGS_FILE).read_text())
+    assert settings == {"figure": "T4, FP32", "time_scale": 0.01, "input_features": 8,
+                        "stream": "default"}
+    assert "MMSERVER_ROW_WISE = True" in (folder / "code" / "inference.py").read_text()
+    gpu = SimulatedDevice.from_file(folder / SETTINGS_FILE)
+    assert (gpu.batch_seconds, gpu.time_scale, gpu.input_features) == (
+        PublishedBatchTime("T4, FP32"), 0.01, 8)
+    linear = write_model_folder(tmp_path / "linear", fixed_seconds=0.002)
+    assert SimulatedDevice.from_file(linear / SETTINGS_FILE).batch_seconds == LinearBatchTime(0.002)
+    (folder / SETTINGS_FILE).write_text(json.dumps({"figure": "T4, FP32", "time_scal": 1}))
+    with pytest.raises(ValueError, match="unknown keys"):
+        SimulatedDevice.from_file(folder / SETTINGS_FILE)
+    with pytest.raises(ValueError, match="no published figure"):
+        write_model_folder(tmp_path / "bad", figure="A100")
+    assert not (tmp_path / "bad").exists()  # refused before anything is written
+
+
+def test_served_folder_batches_concurrent_requests_and_answers_each_its_own_rows(tmp_path):
+    write_model_folder(tmp_path / "sim", fixed_seconds=0.02, per_row_seconds=0.0002,
+                       input_features=4)
+    requests = [[[i, -i, 2 * i, 3]] for i in range(40)]  # one row each: a batch > 1 row is shared
+    with running_server(["--model-root", str(tmp_path), "--no-access-log",
+                         "--max-batch-size", "16", "--max-wait-ms", "2"]) as server:
+        assert server.load("sim", tmp_path / "sim")[0] == 200
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda rows: server.invoke("sim", rows), requests))
+        for rows, (status, answer) in zip(requests, answers):
+            assert status == 200 and answer == expected(rows), (rows, answer)
+        buffer = io.BytesIO()
+        np.save(buffer, np.array([[1, 2, 3, 4], [5, 6, 7, 8]], dtype=np.float32))
+        status, _, body = server.request("POST", "/models/sim/invoke", buffer.getvalue(),
+                                         {"Content-Type": "application/x-npy"})
+        assert status == 200 and json.loads(body) == expected([[1, 2, 3, 4], [5, 6, 7, 8]])
+        status, described = server.json("GET", "/models/sim")
+        assert status == 200
+        assert described["stats"]["requestsCompleted"] == len(requests) + 1
+        assert described["stats"]["meanBatchSize"] > 1, described["stats"]
+        assert described["stats"]["batches"] < len(requests)
