@@ -165,8 +165,8 @@ async def _announce(app: web.Application) -> None:
     lines = [f"mmserver ready on {base} ({registry.device}); models: "
              f"{', '.join(e.name for e in registry.ready()) or 'none'}", "Try:",
              f"  curl {base}/ping", f"  curl {base}/models"]
-    for entry in registry.ready()[:3]:
-        lines.append(f"  curl {base}/models/{entry.name}")
+    for model in registry.ready()[:3]:
+        lines.append(f"  curl {base}/models/{model.name}")
     if any(e.name == "tabular" for e in registry.ready()):
         lines.append(f"  curl -H 'Content-Type: application/json' -d '[[{', '.join(['0.5'] * 16)}]]' "
                      f"{base}/models/tabular/invoke")

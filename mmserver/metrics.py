@@ -24,6 +24,7 @@ from prometheus_client import (
 )
 
 from mmserver.batching import BatchRecord
+from mmserver.loaded_model import LoadedModel
 
 #: Latency buckets (seconds) from a fast CPU model to a slow batch on a busy queue.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -64,18 +65,18 @@ class Metrics:
         self._latencies: dict[str, object] = {}
         self._loaded: set[str] = set()
 
-    def model_loaded(self, entry) -> None:
-        name = entry.name
+    def model_loaded(self, model: LoadedModel) -> None:
+        name = model.name
         self._loaded.add(name)
         self.models_loaded.inc()
-        self.model_memory.labels(name).set(entry.memory_bytes)
-        runner = entry.runner
+        self.model_memory.labels(name).set(model.memory_bytes)
+        runner = model.runner
         self.queue_depth.labels(name).set_function(lambda: runner.queue_depth)
         runner.add_listener(self._batch_observer(name))
 
-    def model_unloaded(self, entry) -> None:
+    def model_unloaded(self, model: LoadedModel) -> None:
         """Remove every series of the model: gauges, request counts and histograms."""
-        name = entry.name
+        name = model.name
         self._loaded.discard(name)
         self.models_loaded.dec()
         for metric in (self.model_memory, self.queue_depth, self.latency, self.queue_wait,

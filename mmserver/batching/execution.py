@@ -50,22 +50,23 @@ class QueuedRequest:
     key: Any
 
 
+@dataclasses.dataclass(eq=False)
 class BatchExecutor:
     """Runs batches of one model, one at a time, and answers each request exactly once."""
 
-    def __init__(self, model: Callable[[Any], Any], *, device: torch.device | None, name: str,
-                 concatenate_rows: bool, call_timeout: float | None, stats: RunnerStats):
-        self.model = model
-        self.device = device
-        self.name = name
-        self.concatenate_rows = concatenate_rows
-        self.call_timeout = call_timeout
-        self.stats = stats
-        self._pool: WorkerPool | None = None
-        self._call_started: float | None = None
-        #: Set while a call runs past ``call_timeout``; cleared when it returns.
-        self.stuck = asyncio.Event()
-        self.on_unstuck: Callable[[], None] | None = None
+    model: Callable[[Any], Any]
+    device: torch.device | None
+    name: str
+    concatenate_rows: bool
+    call_timeout: float | None
+    #: Counts each answer (completed or failed); the runner's statistics.
+    stats: RunnerStats
+    #: Set while a call runs past ``call_timeout``; cleared when it returns.
+    stuck: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    #: Called on the loop when a stuck call returns (the runner wakes its loop).
+    on_unstuck: Callable[[], None] | None = None
+    _pool: WorkerPool | None = None
+    _call_started: float | None = None
 
     def open(self) -> None:
         self._pool = WorkerPool(self.name, workers=1)

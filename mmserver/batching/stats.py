@@ -32,9 +32,10 @@ class RunnerStats:
     requests_failed: int = 0
     requests_rejected: int = 0
     requests_cancelled: int = 0
+    #: Model calls by their number of rows.
+    batch_size_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     batches: int = 0
     rows: int = 0
-    batch_size_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     compute_seconds_total: float = 0.0
 
     def add(self, record: BatchRecord) -> None:
