@@ -92,6 +92,8 @@ def batch_settings_from_env(env: Mapping[str, str]) -> BatchSettings:
     settings = BatchSettings()
     for knob in KNOBS:
         value = read_env(env, knob.env, _PARSERS[knob.kind], None)
+        if value is None and knob.fallback_env:
+            value = read_env(env, knob.fallback_env, _PARSERS[knob.kind], None)
         if value is not None:
             try:
                 settings = settings.overridden({knob.key: value})

@@ -93,6 +93,9 @@ SETTINGS_FILE = "mmserver.json"
 #: The mmserver.json key, and the script attribute, that declare a script row-wise.
 ROW_WISE_KEY = "row_wise"
 ROW_WISE_ATTRIBUTE = "MMSERVER_ROW_WISE"
+#: The mmserver.json key, and the script attribute, that let a script run on several instances.
+THREAD_SAFE_KEY = "thread_safe"
+THREAD_SAFE_ATTRIBUTE = "MMSERVER_THREAD_SAFE"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,9 +121,12 @@ class ModelHandler:
         self.device = device
         self.batch_overrides = _read_settings(model_dir)
         declared_row_wise = self.batch_overrides.pop(ROW_WISE_KEY, None)
+        declared_thread_safe = self.batch_overrides.pop(THREAD_SAFE_KEY, None)
         self._code = _import_user_code(model_dir, program)
         try:
             self._load(declared_row_wise)
+            self.thread_safe = _declared(declared_thread_safe, self._code, THREAD_SAFE_KEY,
+                                         THREAD_SAFE_ATTRIBUTE, default=self._code is None)
         except BaseException:
             self.close()
             raise
@@ -142,7 +148,7 @@ class ModelHandler:
         self.model = self._build_model(functions, context)
         if "model_warmup_fn" in functions:
             _at_load(functions["model_warmup_fn"], model_dir, self.model, context=context)
-        self.row_wise = _decide_row_wise(declared_row_wise, module, functions)
+        self.row_wise = _decide_row_wise(declared_row_wise, self._code, functions)
         #: The model's own input_fn/output_fn run in its threads, never on the event loop.
         self.user_codecs = bool(functions.keys() & {"input_fn", "output_fn"})
         #: The default encoders answer, so the Accept header is checked before the body is read.
@@ -277,13 +283,21 @@ def _load_error(what: str, error: BaseException) -> MMServerError:
     return InvalidModelArtifact(f"{what} raised {describe_error(error)}")
 
 
-def _decide_row_wise(declared: Any, module: Any, functions: dict[str, UserFunction]) -> bool:
-    if declared is None:
-        declared = getattr(module, ROW_WISE_ATTRIBUTE, None)
+def _declared(declared: Any, code: user_code.UserCode | None, key: str, attribute: str,
+              default: bool | None) -> bool | None:
+    """A yes/no a model declares: ``mmserver.json``'s ``key`` wins over the script's ``attribute``."""
+    if declared is None and code is not None:
+        declared = getattr(code.module, attribute, None)
     if declared is not None and not isinstance(declared, bool):
         raise InvalidModelArtifact(
-            f"{ROW_WISE_KEY} ({SETTINGS_FILE}) or {ROW_WISE_ATTRIBUTE} (the script) must be "
-            f"true or false, got {declared!r}")
+            f"{key} ({SETTINGS_FILE}) or {attribute} (the script) must be true or false, "
+            f"got {declared!r}")
+    return default if declared is None else declared
+
+
+def _decide_row_wise(declared: Any, code: user_code.UserCode | None,
+                     functions: dict[str, UserFunction]) -> bool:
+    declared = _declared(declared, code, ROW_WISE_KEY, ROW_WISE_ATTRIBUTE, default=None)
     if "transform_fn" in functions:
         if declared:
             raise InvalidModelArtifact(

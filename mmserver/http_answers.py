@@ -49,8 +49,11 @@ def described(info: ModelInfo) -> dict[str, object]:
             "requestsRejected": stats.requests_rejected,
             "batches": stats.batches,
             "meanBatchSize": round(stats.mean_batch_size, 3),
+            "instanceBusySeconds": [round(s, 6) for s in info.instance_busy_seconds],
         },
     })
+    if info.notes:
+        answer["notes"] = list(info.notes)
     if info.measured_batch_size is not None:
         answer["stats"]["measuredBatchSize"] = info.measured_batch_size
     return answer

@@ -47,14 +47,19 @@ class ModelInfo:
     #: While unhealthy: how long the stuck call has run, and the limit it passed.
     stuck_seconds: float | None = None
     call_timeout_seconds: float | None = None
+    #: Seconds each instance has spent running batches.
+    instance_busy_seconds: tuple[float, ...] = ()
+    #: Why the model runs other than asked (one instance for a script not declared thread-safe).
+    notes: tuple[str, ...] = ()
 
 
 class LoadedModel:
     """One model, ready to serve until :meth:`close` (see the module docstring)."""
 
     def __init__(self, name: str, url: str, path: Path, handler: ModelHandler,
-                 runner: ModelRunner, memory_bytes: int):
+                 runner: ModelRunner, memory_bytes: int, notes: tuple[str, ...] = ()):
         self.name, self.url, self.path = name, url, path
+        self.notes = notes
         self.handler = handler
         self.runner = runner
         self.memory_bytes = memory_bytes
@@ -90,7 +95,9 @@ class LoadedModel:
             queue_depth=runner.queue_depth, stats=runner.stats,
             measured_batch_size=runner.sizer.best if runner.sizer is not None else None,
             stuck_seconds=runner.stuck_seconds,
-            call_timeout_seconds=runner.executor.call_timeout)
+            call_timeout_seconds=runner.call_timeout,
+            instance_busy_seconds=tuple(e.busy_seconds for e in runner.instances.executors),
+            notes=self.notes)
 
     async def close(self, drain_timeout: float) -> None:
         """Answer accepted requests (at most ``drain_timeout`` s), then free the model.
@@ -108,7 +115,8 @@ class LoadedModel:
                     await asyncio.wait_for(self._idle.wait(), max(0.0, deadline - loop.time()))
         finally:
             self.handler.close()
-            self.runner.executor.model = None  # the runner has stopped: its model may go
+            for executor in self.runner.instances.executors:  # stopped: the model may go
+                executor.model = None
             self.codec_pool.close()
             gc.collect()
             if self.device is not None and self.device.type == "cuda":

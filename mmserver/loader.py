@@ -10,6 +10,7 @@ the registry first checks the measured memory against the budget.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import torch
 from mmserver.batching import BatchSettings, ModelRunner, is_out_of_memory
 from mmserver.capacity import measured_load
 from mmserver.errors import InsufficientResources, InvalidModelArtifact, LoadTimeout
-from mmserver.handlers import SETTINGS_FILE, ModelHandler
+from mmserver.handlers import SETTINGS_FILE, THREAD_SAFE_ATTRIBUTE, THREAD_SAFE_KEY, ModelHandler
 from mmserver.loaded_model import LoadedModel
 from mmserver.workers import WorkerPool
 
@@ -58,6 +59,14 @@ async def load_model(name: str, url: str, path: Path, *, device: torch.device,
     except ValueError as error:
         handler.close()
         raise InvalidModelArtifact(f"{SETTINGS_FILE}: {error}") from None
+    notes = []
+    if settings.instances > 1 and not handler.thread_safe:
+        notes.append(f"runs on 1 instance, not {settings.instances}: its code/ does not declare "
+                     f"itself thread-safe ({THREAD_SAFE_ATTRIBUTE} = True in the script, or "
+                     f'"{THREAD_SAFE_KEY}": true in {SETTINGS_FILE})')
+        log.warning("model=%s %s", name, notes[-1])
+        settings = dataclasses.replace(settings, instances=1)
     runner = ModelRunner(handler.predict, settings, device=device, name=name,
                          concatenate=handler.row_wise, call_timeout=call_timeout_seconds)
-    return LoadedModel(name, url, path, handler, runner, max(measured, estimate_bytes))
+    return LoadedModel(name, url, path, handler, runner, max(measured, estimate_bytes),
+                       notes=tuple(notes))

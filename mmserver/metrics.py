@@ -57,6 +57,12 @@ class Metrics:
         self.queue_depth = Gauge("mmserver_queue_depth",
                                  "Requests admitted and not yet in a batch.", ["model"],
                                  registry=r)
+        self.instances = Gauge("mmserver_model_instances",
+                               "Batches of the model that may run at once (its instances).",
+                               ["model"], registry=r)
+        self.instance_busy = Gauge("mmserver_instance_busy_seconds",
+                                   "Seconds each instance of a model has spent running batches.",
+                                   ["model", "instance"], registry=r)
         self.models_loaded = Gauge("mmserver_models_loaded", "Models loaded now.", registry=r)
         self.model_memory = Gauge("mmserver_model_memory_bytes",
                                   "Bytes of parameters and buffers per loaded model.",
@@ -72,6 +78,11 @@ class Metrics:
         self.model_memory.labels(name).set(model.memory_bytes)
         runner = model.runner
         self.queue_depth.labels(name).set_function(lambda: runner.queue_depth)
+        executors = runner.instances.executors
+        self.instances.labels(name).set(len(executors))
+        for index, executor in enumerate(executors):
+            self.instance_busy.labels(name, str(index)).set_function(
+                lambda executor=executor: executor.busy_seconds)
         runner.add_listener(self._batch_observer(name))
 
     def model_unloaded(self, model: LoadedModel) -> None:
@@ -80,8 +91,10 @@ class Metrics:
         self._loaded.discard(name)
         self.models_loaded.dec()
         for metric in (self.model_memory, self.queue_depth, self.latency, self.queue_wait,
-                       self.compute, self.batch_size):
+                       self.compute, self.batch_size, self.instances):
             _remove_quietly(metric, name)
+        for index in range(len(model.runner.instances.executors)):
+            _remove_quietly(self.instance_busy, name, str(index))
         for key in [key for key in self._request_counters if key[0] == name]:
             del self._request_counters[key]
             _remove_quietly(self.requests, name, str(key[1]))

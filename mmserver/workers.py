@@ -51,6 +51,10 @@ class WorkerPool:
         self._threads: list[threading.Thread] = []
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def run(self, function: Callable[..., Any], *args: Any) -> asyncio.Future:
         """Schedule ``function(*args)``; await the returned future on the running loop."""
         if self._closed:

@@ -33,7 +33,7 @@ import torch
 from mmserver.batching.failures import as_model_error, is_out_of_memory
 from mmserver.batching.rows import concatenate, moved, split_rows
 from mmserver.batching.stats import RunnerStats
-from mmserver.errors import InvocationTimeout
+from mmserver.errors import InvocationTimeout, ModelUnhealthy
 from mmserver.workers import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,19 @@ class QueuedRequest:
     key: Any
 
 
+def answer(request: QueuedRequest, stats: RunnerStats, *, result: Any = None,
+           error: BaseException | None = None) -> None:
+    """Answer ``request`` unless it already was (cancelled, expired), and count it."""
+    if request.future.done():
+        return
+    if error is None:
+        request.future.set_result(result)
+        stats.requests_completed += 1
+    else:
+        request.future.set_exception(error)
+        stats.requests_failed += 1
+
+
 @dataclasses.dataclass(eq=False)
 class BatchExecutor:
     """Runs batches of one model, one at a time, and answers each request exactly once."""
@@ -63,13 +76,17 @@ class BatchExecutor:
     stats: RunnerStats
     #: Set while a call runs past ``call_timeout``; cleared when it returns.
     stuck: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    #: Called on the loop when a stuck call returns (the runner wakes its loop).
+    #: Called on the loop when a call gets stuck, and when a stuck call returns.
+    on_stuck: Callable[[], None] | None = None
     on_unstuck: Callable[[], None] | None = None
+    #: Wall seconds this instance spent running batches (its share of the model's work).
+    busy_seconds: float = 0.0
     _pool: WorkerPool | None = None
     _call_started: float | None = None
 
     def open(self) -> None:
-        self._pool = WorkerPool(self.name, workers=1)
+        if self._pool is None or self._pool.closed:
+            self._pool = WorkerPool(self.name, workers=1)
 
     def close(self) -> None:
         """Let the worker thread end after its call; a stuck one is abandoned (a daemon)."""
@@ -78,15 +95,7 @@ class BatchExecutor:
 
     def answer(self, request: QueuedRequest, *, result: Any = None,
                error: BaseException | None = None) -> None:
-        """Answer ``request`` unless it already was (cancelled, expired), and count it."""
-        if request.future.done():
-            return
-        if error is None:
-            request.future.set_result(result)
-            self.stats.requests_completed += 1
-        else:
-            request.future.set_exception(error)
-            self.stats.requests_failed += 1
+        answer(request, self.stats, result=result, error=error)
 
     @property
     def stuck_seconds(self) -> float | None:
@@ -101,6 +110,13 @@ class BatchExecutor:
         Returns the model's own seconds when the batch ran as one successful
         call (what the sizer learns from), else None.
         """
+        started = time.perf_counter()
+        try:
+            return await self._run(batch)
+        finally:
+            self.busy_seconds += time.perf_counter() - started
+
+    async def _run(self, batch: list[QueuedRequest]) -> float | None:
         live = [r for r in batch if not r.future.done()]
         if not live:
             return None
@@ -120,7 +136,7 @@ class BatchExecutor:
             parts = ([live[:len(live) // 2], live[len(live) // 2:]] if is_out_of_memory(error)
                      else [[request] for request in live])
             for part in parts:
-                await self.run(part)
+                await self._run(part)
             return None
         for request, output in zip(live, outputs):
             self.answer(request, result=output)
@@ -137,6 +153,8 @@ class BatchExecutor:
                 return await asyncio.wait_for(asyncio.shield(call), self.call_timeout)
             except TimeoutError:
                 self.stuck.set()
+                if self.on_stuck is not None:
+                    self.on_stuck()
                 log.error("model=%s a call has run past its %g s limit; the model is unhealthy "
                           "until it returns", self.name, self.call_timeout)
                 call.add_done_callback(self._unstuck)
@@ -171,3 +189,93 @@ class BatchExecutor:
             output = moved(self.model(batch), None, to_cpu=True)
             model_seconds = time.perf_counter() - started
             return split_rows(output, sizes), model_seconds
+
+
+class Instances:
+    """A model's executors (its *instances*): each runs one batch at a time, all share the model.
+
+    The runner hands a formed batch to an :meth:`idle` instance with :meth:`start`
+    and plans the next one at once, so with N instances up to N batches of one model
+    run concurrently, each in its own worker thread. A stuck instance (a call past
+    ``call_timeout``) is given nothing until its call returns; the model is
+    unhealthy only when every instance is stuck.
+    """
+
+    def __init__(self, executors: list[BatchExecutor]):
+        self.executors = executors
+        self._running: dict[int, tuple[asyncio.Task, list[QueuedRequest]]] = {}
+        #: Set while every instance is stuck: nothing can drain the queue.
+        self.all_stuck = asyncio.Event()
+
+    def open(self, on_unstuck: Callable[[], None]) -> None:
+        """Start the worker threads; ``on_unstuck()`` when a stuck instance can work again."""
+        def unstuck() -> None:
+            self.stuck_changed()
+            on_unstuck()
+        for executor in self.executors:
+            executor.on_stuck, executor.on_unstuck = self.stuck_changed, unstuck
+            executor.open()
+
+    def idle(self) -> BatchExecutor | None:
+        for index, executor in enumerate(self.executors):
+            if index not in self._running and not executor.stuck.is_set():
+                return executor
+        return None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._running)
+
+    def in_flight(self) -> list[QueuedRequest]:
+        return [request for _, batch in self._running.values() for request in batch]
+
+    def start(self, executor: BatchExecutor, batch: list[QueuedRequest],
+              done: Callable[[list[QueuedRequest], float, float | None], None]) -> None:
+        """Run ``batch`` on ``executor``; then ``done(batch, started, model_seconds)`` on the
+        loop, ``started`` on the loop's clock."""
+        index = self.executors.index(executor)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        task = loop.create_task(executor.run(batch))
+        self._running[index] = (task, batch)
+        task.add_done_callback(lambda finished: self._finished(index, finished, started, done))
+
+    def _finished(self, index: int, task: asyncio.Task, started: float, done) -> None:
+        _, batch = self._running.pop(index)
+        model_seconds = None
+        if not task.cancelled():
+            if task.exception() is not None:  # a bug of ours: nobody may be left waiting
+                log.error("model=%s instance %d failed", self.executors[index].name, index,
+                          exc_info=task.exception())
+            else:
+                model_seconds = task.result()
+        done(batch, started, model_seconds)
+
+    def stuck_changed(self) -> None:
+        if all(e.stuck.is_set() for e in self.executors):
+            self.all_stuck.set()
+        else:
+            self.all_stuck.clear()
+
+    def check_healthy(self) -> None:
+        """Raise :class:`ModelUnhealthy` while every instance is stuck."""
+        if self.all_stuck.is_set():
+            first = self.executors[0]
+            raise ModelUnhealthy(
+                f"model {first.name!r} is unhealthy: a call has run for "
+                f"{self.stuck_seconds():.0f} s, past its {first.call_timeout:g} s limit; "
+                "unload it or wait for the call to return")
+
+    def stuck_seconds(self) -> float | None:
+        """While every instance is stuck, how long the most recent stuck call has run."""
+        if not self.all_stuck.is_set():
+            return None
+        return min(e.stuck_seconds or 0.0 for e in self.executors)
+
+    def cancel(self) -> None:
+        for task, _ in self._running.values():
+            task.cancel()
+
+    def close(self) -> None:
+        for executor in self.executors:
+            executor.close()

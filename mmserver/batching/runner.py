@@ -37,14 +37,14 @@ from typing import Any
 
 import torch
 
-from mmserver.batching.execution import BatchExecutor, QueuedRequest
+from mmserver.batching.execution import BatchExecutor, Instances, QueuedRequest, answer
 from mmserver.batching.planner import BatchPlanner
 from mmserver.batching.reservation import Reservation
 from mmserver.batching.rows import batch_key, rows_of
 from mmserver.batching.settings import BatchSettings
 from mmserver.batching.sizing import BatchSizer
 from mmserver.batching.stats import BatchRecord, RunnerStats
-from mmserver.errors import InvocationTimeout, ModelUnhealthy, QueueFull, RunnerClosed
+from mmserver.errors import InvocationTimeout, QueueFull, RunnerClosed
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +72,10 @@ class ModelRunner:
         self.stats = RunnerStats()
         self.sizer = (BatchSizer(self.settings.max_batch_size)
                       if self.settings.batch_sizing == "measured" and concatenate else None)
-        self.executor = BatchExecutor(model, device=self.device, name=name,
-                                      concatenate_rows=concatenate, call_timeout=call_timeout,
-                                      stats=self.stats)
+        self.call_timeout = call_timeout
+        self.instances = Instances([
+            BatchExecutor(model, self.device, name if n == 0 else f"{name}-{n}", concatenate,
+                          call_timeout, self.stats) for n in range(self.settings.instances)])
         self._listeners: list[Callable[[BatchRecord], None]] = []
         self._queue: list[QueuedRequest] = []
         self._reserved = 0
@@ -82,7 +83,6 @@ class ModelRunner:
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
-        self._in_flight: list[QueuedRequest] = []
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -92,8 +92,7 @@ class ModelRunner:
             return
         self._loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
-        self.executor.on_unstuck = self._wakeup.set
-        self.executor.open()
+        self.instances.open(on_unstuck=self._wakeup.set)
         self._closing = False
         self._task = asyncio.create_task(self._run(), name=f"ModelRunner[{self.name}]")
 
@@ -111,7 +110,7 @@ class ModelRunner:
         self._closing = True
         self._wakeup.set()
         task = self._task
-        stuck = asyncio.ensure_future(self.executor.stuck.wait())
+        stuck = asyncio.ensure_future(self.instances.all_stuck.wait())
         try:
             await asyncio.wait({task, stuck}, timeout=timeout,
                                return_when=asyncio.FIRST_COMPLETED)
@@ -120,7 +119,7 @@ class ModelRunner:
                 await asyncio.wait({task})
         finally:
             stuck.cancel()
-            self.executor.close()
+            self.instances.close()
             self._task = None
 
     async def __aenter__(self) -> ModelRunner:
@@ -141,8 +140,8 @@ class ModelRunner:
 
     @property
     def stuck_seconds(self) -> float | None:
-        """How long the call past ``call_timeout`` has run, or None when healthy."""
-        return self.executor.stuck_seconds
+        """While every instance is stuck past ``call_timeout``, for how long; else None."""
+        return self.instances.stuck_seconds()
 
     def add_listener(self, listener: Callable[[BatchRecord], None]) -> None:
         """Call ``listener(record)`` on the loop after every model call."""
@@ -154,11 +153,7 @@ class ModelRunner:
         """Raise now what :meth:`reserve` would raise, without taking a slot."""
         if not self.running:
             raise RunnerClosed(f"model {self.name!r} is not accepting requests")
-        if self.executor.stuck.is_set():
-            raise ModelUnhealthy(
-                f"model {self.name!r} is unhealthy: a call has run for "
-                f"{self.stuck_seconds:.0f} s, past its {self.executor.call_timeout:g} s limit; "
-                "unload it or wait for the call to return")
+        self.instances.check_healthy()
         if self.queue_depth >= self.settings.max_queue_size:
             self.stats.requests_rejected += 1
             raise QueueFull(
@@ -186,7 +181,11 @@ class ModelRunner:
 
     def _give_back_slot(self) -> None:
         self._reserved -= 1
-        if self._wakeup is not None:
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake the loop when it can act: an instance is idle (else a batch's end wakes it)."""
+        if self._wakeup is not None and self.instances.idle() is not None:
             self._wakeup.set()
 
     async def _enqueue(self, data: Any, deadline: float | None = None) -> Any:
@@ -200,7 +199,7 @@ class ModelRunner:
                            arrival=self._loop.time(), rows=rows, key=key)
         self._queue.append(request)
         self.stats.requests_submitted += 1
-        self._wakeup.set()
+        self._wake()
         timer = None if deadline is None else self._loop.call_at(deadline, self._expire, request)
         try:
             return await request.future
@@ -215,7 +214,7 @@ class ModelRunner:
 
     def _expire(self, request: QueuedRequest) -> None:
         """The request's deadline passed: answer it now and free its place in the queue."""
-        self.executor.answer(request, error=InvocationTimeout(
+        answer(request, self.stats, error=InvocationTimeout(
             f"model {self.name!r} did not answer before the request's deadline"))
         self._leave_queue(request)
 
@@ -223,7 +222,7 @@ class ModelRunner:
         """A request answered before its batch (cancelled, expired) frees its place at once."""
         if request in self._queue:
             self._queue.remove(request)
-            self._wakeup.set()
+            self._wake()
 
     # -- the batching loop ---------------------------------------------------
 
@@ -231,15 +230,20 @@ class ModelRunner:
         try:
             while True:
                 self._wakeup.clear()
+                executor = self.instances.idle()
+                if executor is None:  # every instance busy (or stuck): a batch's end wakes us
+                    await self._wakeup.wait()
+                    continue
                 self._drop_cancelled()
-                if self._closing and not self._queue and self._reserved == 0:
+                if self._closing and not self._queue and self._reserved == 0 \
+                        and not self.instances.busy:
                     return
                 plan = self.planner.plan(
                     self._queue, now=self._loop.time(), on_the_way=self._reserved,
                     closing=self._closing,
                     batch_size=self.sizer.next_size if self.sizer is not None else None)
                 if plan.take:
-                    await self._execute(self._take(plan.take))
+                    self.instances.start(executor, self._take(plan.take), self._batch_done)
                 elif plan.wait is None:
                     await self._wakeup.wait()
                 else:
@@ -248,6 +252,7 @@ class ModelRunner:
                     except TimeoutError:
                         pass
         finally:
+            self.instances.cancel()
             self._fail_leftovers()
 
     def _drop_cancelled(self) -> None:
@@ -260,21 +265,22 @@ class ModelRunner:
         self._queue = [r for i, r in enumerate(self._queue) if i not in chosen]
         return batch
 
-    async def _execute(self, batch: list[QueuedRequest]) -> None:
+    def _batch_done(self, batch: list[QueuedRequest], started: float,
+                    model_seconds: float | None) -> None:
+        """On the loop, after an instance ran ``batch``: record it and wake the loop."""
         now = self._loop.time()
-        waits = tuple(now - r.arrival for r in batch)
-        started = self._loop.time()
-        self._in_flight = batch  # answered by _fail_leftovers if the task dies mid-batch
-        model_seconds = await self.executor.run(batch)
-        self._in_flight = []
         failed = sum(1 for r in batch if r.future.done() and not r.future.cancelled()
                      and r.future.exception() is not None)
         rows = sum(r.rows for r in batch)
         if self.sizer is not None and model_seconds is not None:
             self.sizer.record(rows, model_seconds)
-        self._record(BatchRecord(rows=rows, requests=len(batch), queue_wait_seconds=waits,
-                                 compute_seconds=self._loop.time() - started,
-                                 failed_requests=failed))
+        self._record(BatchRecord(rows=rows, requests=len(batch),
+                                 queue_wait_seconds=tuple(started - r.arrival for r in batch),
+                                 compute_seconds=now - started, failed_requests=failed))
+        for request in batch:  # a batch that died with a bug of ours is answered too
+            answer(request, self.stats, error=RunnerClosed(
+                f"model {self.name!r} failed to run this request; see the server log"))
+        self._wakeup.set()
 
     def _record(self, record: BatchRecord) -> None:
         self.stats.add(record)
@@ -286,10 +292,10 @@ class ModelRunner:
 
     def _fail_leftovers(self) -> None:
         """If the loop task ends any other way than a drained stop, nobody may be left waiting."""
-        leftovers = [*self._in_flight, *self._queue]
-        self._in_flight, self._queue = [], []
+        leftovers = [*self.instances.in_flight(), *self._queue]
+        self._queue = []
         for request in leftovers:
-            self.executor.answer(request, error=RunnerClosed(f"model {self.name!r} stopped"))
+            answer(request, self.stats, error=RunnerClosed(f"model {self.name!r} stopped"))
 
 
 def _parameters_device(model: Any) -> torch.device | None:

@@ -36,6 +36,8 @@ class Knob:
     #: Edge value = field value x this (1000 for a wait in ms held in seconds).
     edge_per_field: float = 1
     choices: tuple[str, ...] = ()
+    #: A variable read when ``env`` is unset (SageMaker's own name for the same setting).
+    fallback_env: str | None = None
 
     @property
     def flag(self) -> str:
@@ -62,6 +64,7 @@ class BatchSettings:
     max_queue_size: int = 256
     policy: str = "greedy"
     batch_sizing: str = "max"
+    instances: int = 1
 
     def __post_init__(self):
         if isinstance(self.max_batch_size, bool) or not isinstance(self.max_batch_size, int) \
@@ -78,6 +81,9 @@ class BatchSettings:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.batch_sizing not in SIZINGS:
             raise ValueError(f"batch_sizing must be one of {SIZINGS}, got {self.batch_sizing!r}")
+        if isinstance(self.instances, bool) or not isinstance(self.instances, int) \
+                or self.instances < 1:
+            raise ValueError(f"instances must be an integer >= 1, got {self.instances!r}")
 
     def overridden(self, overrides: Mapping[str, object]) -> BatchSettings:
         """These settings with edge values on top (``mmserver.json`` keys); unknown keys are refused.
@@ -112,6 +118,10 @@ KNOBS = (
     Knob("batch_sizing", "batch_sizing", "MMSERVER_BATCH_SIZING", "",
          "when a batch is full: at max_batch_size rows, or at the size measured to serve the "
          "most rows/s", str, choices=SIZINGS),
+    Knob("instances", "instances", "MMSERVER_INSTANCES", "",
+         "batches of one model run at once, on threads sharing one copy of its weights "
+         "(a script: only if it declares itself thread-safe)", int,
+         fallback_env="SAGEMAKER_MODEL_SERVER_WORKERS"),
 )
 KNOBS_BY_KEY = {knob.key: knob for knob in KNOBS}
 KNOBS_BY_FIELD = {knob.field: knob for knob in KNOBS}
