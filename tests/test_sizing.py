@@ -130,14 +130,15 @@ def test_a_runner_under_load_finds_the_fastest_size_and_answers_everything():
 
     runner = asyncio.run(asyncio.wait_for(main(), 120))
     assert runner.stats.requests_completed == 32 * 120
-    assert runner.sizer.best == 4, runner.sizer._seconds
+    assert runner.sizer.best == 4, {n: runner.sizer.rows_per_second(n) for n in runner.sizer.ladder}
     assert max(runner.stats.batch_size_counts) <= 16
     assert runner.stats.batch_size_counts[4] > runner.stats.batch_size_counts[16]
 
 
 def test_the_default_runner_has_no_sizer():
     assert ModelRunner(SuperlinearModel()).sizer is None
-    assert ModelRunner(SuperlinearModel(), batch_sizing="measured", concatenate=False).sizer is None
+    measured = BatchSettings(batch_sizing="measured")
+    assert ModelRunner(SuperlinearModel(), measured, concatenate=False).sizer is None
 
 
 def test_batch_sizing_comes_from_the_command_line_and_from_mmserver_json(tmp_path):
