@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from conftest import write_torchscript
+from helpers import assert_error
 
 from mmserver.app import create_app
 from mmserver.config import Settings
@@ -80,18 +81,6 @@ def app(models) -> Iterator[InProcessServer]:
         server.close()
 
 
-def assert_error(status: int, body, expected_status: int, expected_type: str | None = None):
-    assert status == expected_status, body
-    assert set(body) == {"code", "type", "message"}, body
-    assert body["code"] == expected_status and body["message"]
-    if expected_type is not None:
-        assert body["type"] == expected_type, body
-
-
-def raw_error(status: int, raw: bytes, expected_status: int, expected_type: str | None = None):
-    assert_error(status, json.loads(raw), expected_status, expected_type)
-
-
 def npy(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=False)
@@ -118,7 +107,7 @@ def test_a_relative_url_is_looked_up_under_the_model_roots(app):
 
 
 def test_loading_a_loaded_name_is_409(app, models):
-    assert_error(*app.load("preloaded", models / "affine2"), 409, "ModelAlreadyLoaded")
+    assert_error(app.load("preloaded", models / "affine2"), 409, "ModelAlreadyLoaded")
 
 
 @pytest.mark.parametrize("url, status, error_type", [
@@ -127,20 +116,20 @@ def test_loading_a_loaded_name_is_409(app, models):
     ("corrupt", 400, "InvalidModelArtifact"),
 ])
 def test_load_errors(app, url, status, error_type):
-    assert_error(*app.load("bad", url), status, error_type)
-    assert_error(*app.json("GET", "/models/bad"), 404)
+    assert_error(app.load("bad", url), status, error_type)
+    assert_error(app.json("GET", "/models/bad"), 404)
 
 
 @pytest.mark.parametrize("payload", [{"url": "affine"}, {"model_name": "x"},
                                      {"model_name": "a/b", "url": "affine"}, [1, 2]])
 def test_bad_load_bodies_are_400(app, payload):
-    assert_error(*app.json("POST", "/models", payload), 400)
+    assert_error(app.json("POST", "/models", payload), 400)
 
 
 def test_malformed_load_json_is_400(app):
     status, _, raw = app.request("POST", "/models", b'{"model_name": ',
                                  {"Content-Type": "application/json"})
-    raw_error(status, raw, 400, "InvalidRequest")
+    assert_error((status, raw), 400, "InvalidRequest")
 
 
 # -- list and describe -------------------------------------------------------------------
@@ -165,7 +154,7 @@ def test_list_pages_with_limit_and_next_page_token(app, models):
 
 @pytest.mark.parametrize("query", ["limit=0", "limit=abc", "next_page_token=%25%25"])
 def test_bad_listing_queries_are_400(app, query):
-    assert_error(*app.json("GET", f"/models?{query}"), 400, "InvalidRequest")
+    assert_error(app.json("GET", f"/models?{query}"), 400, "InvalidRequest")
 
 
 def test_describe(app, models):
@@ -173,7 +162,7 @@ def test_describe(app, models):
     assert status == 200
     assert body["modelName"] == "preloaded" and body["modelUrl"] == str(models / "affine")
     assert body["batching"]["policy"] == "greedy"
-    assert_error(*app.json("GET", "/models/nobody"), 404)
+    assert_error(app.json("GET", "/models/nobody"), 404)
 
 
 # -- invoke ------------------------------------------------------------------------------
@@ -201,13 +190,13 @@ def test_invoke_csv_in_and_out(app):
 
 
 def test_invoking_an_unknown_model_is_404(app):
-    assert_error(*app.invoke("nobody", [[1]]), 404, "ModelNotFound")
+    assert_error(app.invoke("nobody", [[1]]), 404, "ModelNotFound")
 
 
 def test_no_acceptable_output_type_is_406(app):
     status, _, raw = app.request("POST", "/models/preloaded/invoke", b"[[1]]",
                                  {"Content-Type": "application/json", "Accept": "image/png"})
-    raw_error(status, raw, 406, "NotAcceptable")
+    assert_error((status, raw), 406, "NotAcceptable")
 
 
 def test_a_body_over_the_payload_limit_is_413(app):
@@ -215,7 +204,7 @@ def test_a_body_over_the_payload_limit_is_413(app):
     assert len(body) > MAX_PAYLOAD_BYTES
     status, _, raw = app.request("POST", "/models/preloaded/invoke", body,
                                  {"Content-Type": "application/json"})
-    raw_error(status, raw, 413, "PayloadTooLarge")
+    assert_error((status, raw), 413, "PayloadTooLarge")
     assert app.invoke("preloaded", [[1]]) == (200, [[3.0]])
 
 
@@ -223,7 +212,7 @@ def test_a_body_over_the_payload_limit_is_413(app):
 def test_an_unsupported_content_type_is_415(app, content_type):
     status, _, raw = app.request("POST", "/models/preloaded/invoke", b"[[1]]",
                                  {"Content-Type": content_type})
-    raw_error(status, raw, 415)
+    assert_error((status, raw), 415)
 
 
 def test_invocations_routes_by_the_target_model_header(app):
@@ -237,8 +226,8 @@ def test_invocations_routes_by_the_target_model_header(app):
 def test_unload(app):
     status, body = app.unload("preloaded")
     assert status == 200 and body["modelName"] == "preloaded"
-    assert_error(*app.invoke("preloaded", [[1]]), 404, "ModelNotFound")
-    assert_error(*app.unload("preloaded"), 404)
+    assert_error(app.invoke("preloaded", [[1]]), 404, "ModelNotFound")
+    assert_error(app.unload("preloaded"), 404)
     assert app.json("GET", "/models") == (200, {"models": []})
 
 

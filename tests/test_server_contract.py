@@ -13,15 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision.io
-
-
-def assert_error(status, body, expected_status, expected_type=None):
-    assert status == expected_status, body
-    assert set(body) == {"code", "type", "message"}, body
-    assert body["code"] == expected_status
-    assert body["message"]
-    if expected_type:
-        assert body["type"] == expected_type, body
+from helpers import assert_error
 
 
 @pytest.fixture
@@ -50,16 +42,16 @@ def test_load_describe_invoke_unload(server, model_root):
         200, [[3.0, 5.0, 7.0], [9.0, 11.0, 13.0]])
     status, body = server.json("DELETE", "/models/lifecycle")
     assert status == 200
-    assert_error(*server.invoke("lifecycle", [[1, 2, 3]]), 404, "ModelNotFound")
-    assert_error(*server.json("GET", "/models/lifecycle"), 404)
-    assert_error(*server.json("DELETE", "/models/lifecycle"), 404)
+    assert_error(server.invoke("lifecycle", [[1, 2, 3]]), 404, "ModelNotFound")
+    assert_error(server.json("GET", "/models/lifecycle"), 404)
+    assert_error(server.json("DELETE", "/models/lifecycle"), 404)
     assert server.load("lifecycle", model_root / "affine")[0] == 200
     assert server.invoke("lifecycle", [[0]])[0] == 200
     assert server.json("DELETE", "/models/lifecycle")[0] == 200
 
 
 def test_load_twice_is_409(server, affine, model_root):
-    assert_error(*server.load(affine, model_root / "affine2"), 409, "ModelAlreadyLoaded")
+    assert_error(server.load(affine, model_root / "affine2"), 409, "ModelAlreadyLoaded")
 
 
 @pytest.mark.parametrize("url, status, kind", [
@@ -77,7 +69,7 @@ def test_load_errors(server, model_root, url, status, kind):
     if url.startswith(".."):
         target = str(model_root / url)
     code, body = server.load("bad-load", target)
-    assert_error(code, body, status, kind)
+    assert_error((code, body), status, kind)
     assert server.json("GET", "/ping")[0] == 200
     assert server.json("GET", "/models/bad-load")[0] == 404
 
@@ -95,7 +87,7 @@ def test_symlink_escaping_the_model_root_is_400(server, model_root, tmp_path):
     link = model_root / "escape-link"
     if not link.exists():
         os.symlink(outside, link)
-    assert_error(*server.load("escape", link), 400, "UrlOutsideModelRoots")
+    assert_error(server.load("escape", link), 400, "UrlOutsideModelRoots")
 
 
 @pytest.mark.parametrize("payload", [
@@ -110,14 +102,14 @@ def test_symlink_escaping_the_model_root_is_400(server, model_root, tmp_path):
     [1, 2],
 ])
 def test_bad_load_bodies_are_400(server, payload):
-    assert_error(*server.json("POST", "/models", payload), 400)
+    assert_error(server.json("POST", "/models", payload), 400)
     assert server.json("GET", "/ping")[0] == 200
 
 
 def test_malformed_load_json_is_400(server):
     status, _, raw = server.request("POST", "/models", b'{"model_name": ',
                                     {"Content-Type": "application/json"})
-    assert_error(status, json.loads(raw), 400, "InvalidRequest")
+    assert_error((status, raw), 400, "InvalidRequest")
 
 
 @pytest.mark.parametrize("body, content_type, status", [
@@ -141,7 +133,7 @@ def test_malformed_load_json_is_400(server):
 def test_bad_invoke_bodies(server, affine, body, content_type, status):
     code, _, raw = server.request("POST", f"/models/{affine}/invoke", body,
                                   {"Content-Type": content_type})
-    assert_error(code, json.loads(raw), status)
+    assert_error((code, raw), status)
     assert server.json("GET", "/ping")[0] == 200
     assert server.invoke(affine, [[1]]) == (200, [[3.0]])
 
@@ -153,12 +145,12 @@ def test_a_pickled_npy_is_refused(server, affine):
     status, _, raw = server.request("POST", f"/models/{affine}/invoke", buffer.getvalue(),
                                     {"Content-Type": "application/x-npy"})
     body = json.loads(raw)
-    assert_error(status, body, 400, "InvalidInput")
+    assert_error((status, body), 400, "InvalidInput")
     assert "pickle" in body["message"]
     raw_pickle = pickle.dumps([[1.0, 2.0]])
     status, _, raw = server.request("POST", f"/models/{affine}/invoke", raw_pickle,
                                     {"Content-Type": "application/x-npy"})
-    assert_error(status, json.loads(raw), 400)
+    assert_error((status, raw), 400)
 
 
 def test_big_endian_and_integer_npy_bodies_are_decoded(server, affine):
@@ -203,7 +195,7 @@ def test_accept_negotiation(server, affine):
         "application/x-npy")
     assert accept("text/html, text/csv")[1]["Content-Type"].startswith("text/csv")
     status, _, raw = accept("text/html")
-    assert_error(status, json.loads(raw), 406, "NotAcceptable")
+    assert_error((status, raw), 406, "NotAcceptable")
     status, _, raw = accept("application/json;q=0")
     assert status == 406
 
@@ -239,7 +231,7 @@ def test_an_image_with_too_many_pixels_is_refused_before_decoding(server, affine
     status, _, raw = server.request("POST", f"/models/{affine}/invoke", bytes(bomb.numpy()),
                                     {"Content-Type": "image/png"})
     body = json.loads(raw)
-    assert_error(status, body, 413, "PayloadTooLarge")
+    assert_error((status, body), 413, "PayloadTooLarge")
     assert "6000x6000" in body["message"]
     assert server.json("GET", "/ping")[0] == 200
 
@@ -248,7 +240,7 @@ def test_oversized_body_is_413_from_content_length(server, affine):
     too_big = 6 * 1024 * 1024 + 1
     status, _, raw = server.request("POST", f"/models/{affine}/invoke", b"[" * too_big,
                                     {"Content-Type": "application/json"})
-    assert_error(status, json.loads(raw), 413, "PayloadTooLarge")
+    assert_error((status, raw), 413, "PayloadTooLarge")
     assert server.json("GET", "/ping")[0] == 200
 
 
@@ -267,7 +259,7 @@ def test_a_failing_request_is_500_and_the_model_keeps_serving(server, model_root
     assert server.load("failing", model_root / "failing")[0] == 200
     try:
         status, body = server.invoke("failing", [[-1.0]])
-        assert_error(status, body, 500, "ModelError")
+        assert_error((status, body), 500, "ModelError")
         assert "negative input" in body["message"]
         assert server.invoke("failing", [[1.0]]) == (200, [[3.0]])
     finally:
@@ -283,7 +275,7 @@ def test_a_wrong_input_shape_fails_alone_with_a_short_message(server, model_root
     assert server.load("conv", conv_dir)[0] == 200
     try:
         status, body = server.invoke("conv", [[1.0, 2.0, 3.0]])
-        assert_error(status, body, 500, "ModelError")
+        assert_error((status, body), 500, "ModelError")
         assert "input" in body["message"] and "[1, 3]" in body["message"]
         assert "\n" not in body["message"] and len(body["message"]) < 600
         assert "/" not in body["message"].split("failed:")[1]  # no server paths
@@ -294,15 +286,15 @@ def test_a_wrong_input_shape_fails_alone_with_a_short_message(server, model_root
 
 
 def test_unknown_routes_and_methods_answer_json(server):
-    assert_error(*server.json("GET", "/nope"), 404)
-    assert_error(*server.json("PUT", "/models"), 405)
+    assert_error(server.json("GET", "/nope"), 404)
+    assert_error(server.json("PUT", "/models"), 405)
 
 
 def test_target_model_header_routes_invocations(server, affine):
     status, body = server.json("POST", "/invocations", [[1]],
                                headers={"X-Amzn-SageMaker-Target-Model": affine})
     assert (status, body) == (200, [[3.0]])
-    assert_error(*server.json("POST", "/invocations", [[1]],
+    assert_error(server.json("POST", "/invocations", [[1]],
                               headers={"X-Amzn-SageMaker-Target-Model": "missing"}), 404)
 
 
@@ -340,7 +332,7 @@ def test_listing_is_sorted_and_paginated_by_an_opaque_cursor(server, model_root)
                                    "next_page_token=garbage", "next_page_token=" +
                                    base64.urlsafe_b64encode(b"offset:3").decode()])
 def test_bad_listing_queries_are_400(server, query):
-    assert_error(*server.json("GET", f"/models?{query}"), 400, "InvalidRequest")
+    assert_error(server.json("GET", f"/models?{query}"), 400, "InvalidRequest")
 
 
 def test_metrics_export_per_model_counts(server, affine):
