@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import json
 
+import torch
+
+#: "The same answer" (docs/design.md, section 3): ``torch.testing.assert_close``'s float32
+#: tolerances, |batched - alone| <= ATOL + RTOL * |alone|.
+SAME_ANSWER_RTOL = 1.3e-6
+SAME_ANSWER_ATOL = 1e-5
+
 
 def assert_error(answer, status: int, error_type: str | None = None) -> dict:
     """Assert that ``answer`` is mmserver's error answer ``status``, and return its body.
@@ -24,3 +31,20 @@ def assert_error(answer, status: int, error_type: str | None = None) -> dict:
         assert body["type"] == error_type, body
     assert isinstance(body["message"], str) and body["message"], body
     return body
+
+
+def assert_same_answer(batched, alone, *, exact: bool = False, decimals: int | None = None):
+    """Assert that rows answered in a batch got the answer the same rows get alone.
+
+    Batching never changes an answer (docs/design.md, section 3): equal within float32
+    rounding, ``SAME_ANSWER_RTOL`` and ``SAME_ANSWER_ATOL``, as a batched kernel may add in
+    another order; bitwise equal with ``exact=True``, for batch-invariant (elementwise)
+    models. ``decimals``: the answer was rounded to that many places after the model ran,
+    so two values within tolerance may round one unit of the last place apart. Either side
+    is a tensor, an array, a number, or a list or dict of them (a decoded JSON answer).
+    """
+    if exact:
+        torch.testing.assert_close(batched, alone, rtol=0, atol=0)
+        return
+    atol = SAME_ANSWER_ATOL + (10.0 ** -decimals if decimals is not None else 0.0)
+    torch.testing.assert_close(batched, alone, rtol=SAME_ANSWER_RTOL, atol=atol)
