@@ -1,16 +1,20 @@
-"""Shared fixtures: real model directories on disk and a real server process."""
+"""Shared fixtures: real model directories on disk, a real server process, an in-process app."""
 
 from __future__ import annotations
 
+import asyncio
 import textwrap
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 import torch
+from aiohttp.test_utils import TestClient, TestServer
 
-from mmserver.testing import ServerProcess
+from mmserver.app import create_app
+from mmserver.config import Settings
+from mmserver.testing import ModelServerClient, ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -176,3 +180,41 @@ def server(model_root) -> Iterator[Server]:
     with running_server(["--model-root", str(model_root), "--no-access-log",
                          "--max-wait-ms", "2"]) as s:
         yield s
+
+
+# -- the same application in this process ---------------------------------------------
+
+
+class InProcessServer(ModelServerClient):
+    """``create_app(settings)`` behind aiohttp's ``TestServer``, on an event loop of its own.
+
+    Synchronous calls, as :class:`mmserver.testing.ServerProcess` offers, so a test reads
+    the same against either; no pytest plugin for asyncio is needed. The loop runs only
+    while a request is in flight, so requests are sent one at a time.
+    """
+
+    def __init__(self, settings: Settings):
+        self.loop = asyncio.new_event_loop()
+        self.client: TestClient = self.loop.run_until_complete(self._start(settings))
+
+    @staticmethod
+    async def _start(settings: Settings) -> TestClient:
+        client = TestClient(TestServer(create_app(settings)))
+        await client.start_server()
+        return client
+
+    def request(self, method: str, path: str, body: bytes | str | None = None,
+                headers: Mapping[str, str] | None = None,
+                timeout: float = 60) -> tuple[int, dict[str, str], bytes]:
+        async def send():
+            # No Content-Type unless the caller gives one, as http.client sends it.
+            async with self.client.request(method, path, data=body, headers=dict(headers or {}),
+                                           skip_auto_headers=("Content-Type",),
+                                           timeout=timeout) as response:
+                return response.status, dict(response.headers), await response.read()
+
+        return self.loop.run_until_complete(send())
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.client.close())
+        self.loop.close()

@@ -1,4 +1,10 @@
-"""ModelRunner: the batching rules of docs/design.md section 3, each as a test that fails if broken."""
+"""ModelRunner: the batching rules of docs/design.md section 3, each as a test that fails if broken.
+
+The tests order events with a gate, not with sleeps: the model sets ``entered`` when a
+call starts and blocks until the test sets ``release``, so "a batch is in the model"
+is a fact the test waits for, not a guess about how long the runner takes. Times the
+policy is about (``max_wait``) are read from the runner's own ``BatchRecord``.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import pytest
 import torch
 
 from mmserver.batching import (
+    BatchSettings,
     InvocationTimeout,
     ModelError,
     ModelOutOfMemory,
@@ -20,36 +27,44 @@ from mmserver.batching import (
 )
 
 POISON = -1.0
+#: Longest a test waits for the model to be entered, or the model for its release.
+GATE_SECONDS = 5.0
 
 
 class RecordingModel:
     """Doubles its input plus one, so every output row identifies its input row.
 
-    Remembers the shape of every batch it saw, raises on rows holding POISON,
-    and can be held at a gate to keep the runner busy.
+    Remembers the shape of every batch it saw and raises on rows holding POISON.
+    ``held=True`` makes it a gate: each call sets ``entered`` and then waits for
+    ``release``, so a test can keep the runner busy for exactly as long as it needs.
     """
 
-    def __init__(self, delay_seconds: float = 0.0, oom_above_rows: int | None = None):
+    def __init__(self, oom_above_rows: int | None = None, held: bool = False):
         self.batches: list[tuple[int, ...]] = []
-        self.delay_seconds = delay_seconds
         self.oom_above_rows = oom_above_rows
-        self.gate = threading.Event()
-        self.gate.set()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        if not held:
+            self.release.set()
         self.threads: set[str] = set()
 
     def __call__(self, batch: torch.Tensor) -> torch.Tensor:
         self.threads.add(threading.current_thread().name)
-        self.gate.wait(timeout=30)
+        self.entered.set()
+        if not self.release.wait(timeout=GATE_SECONDS):
+            raise RuntimeError("the test never released the model")
         assert batch.shape[0] > 0, "the runner must never run an empty batch"
         self.batches.append(tuple(batch.shape))
-        if self.delay_seconds:
-            time.sleep(self.delay_seconds)
         if self.oom_above_rows is not None and batch.shape[0] > self.oom_above_rows:
             raise torch.OutOfMemoryError(f"pretend OOM at {batch.shape[0]} rows")
         if (batch == POISON).any():
             raise RuntimeError("poisoned row")
         assert torch.is_inference_mode_enabled()
         return batch * 2 + 1
+
+    async def wait_entered(self) -> None:
+        """Return once a call is inside the model (the worker thread holds it at the gate)."""
+        assert await asyncio.to_thread(self.entered.wait, GATE_SECONDS), "the model was not called"
 
     @property
     def rows_seen(self) -> int:
@@ -60,14 +75,27 @@ def run(coro, timeout: float = 60):
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
+async def one_loop_turn() -> None:
+    """Let the tasks created before this run to their first await (into the runner's queue).
+
+    One turn of the event loop, not a wait for time: a task created with ``create_task``
+    runs its first step on the next turn, in creation order.
+    """
+    await asyncio.sleep(0)
+
+
 def expected(x: torch.Tensor) -> torch.Tensor:
     return x * 2 + 1
+
+
+def timer(max_batch_size: int, max_wait: float) -> BatchSettings:
+    return BatchSettings(max_batch_size=max_batch_size, max_wait=max_wait, policy="timer")
 
 
 def test_each_request_gets_exactly_its_own_rows():
     async def main():
         model = RecordingModel()
-        async with ModelRunner(model, max_batch_size=8, max_wait=0.05, policy="timer") as runner:
+        async with ModelRunner(model, timer(8, 0.05)) as runner:
             inputs = [torch.full((n, 3), float(i)) for i, n in enumerate([1, 2, 3, 2])]
             outputs = await asyncio.gather(*(runner.submit(x) for x in inputs))
         for x, y in zip(inputs, outputs):
@@ -80,7 +108,7 @@ def test_each_request_gets_exactly_its_own_rows():
 def test_shapes_never_mix_and_the_oldest_leads():
     async def main():
         model = RecordingModel()
-        async with ModelRunner(model, max_batch_size=4, max_wait=0.1, policy="timer") as runner:
+        async with ModelRunner(model, timer(4, 0.1)) as runner:
             a = [torch.full((1, 3), float(i)) for i in range(3)]
             b = [torch.full((1, 5), float(i)) for i in range(3)]
             interleaved = [a[0], b[0], a[1], b[1], a[2], b[2]]
@@ -95,7 +123,7 @@ def test_shapes_never_mix_and_the_oldest_leads():
 def test_dtypes_never_mix():
     async def main():
         model = RecordingModel()
-        async with ModelRunner(model, max_batch_size=4, max_wait=0.1, policy="timer") as runner:
+        async with ModelRunner(model, timer(4, 0.1)) as runner:
             xs = [torch.ones(1, 2, dtype=torch.float64), torch.ones(1, 2, dtype=torch.float32)]
             outputs = await asyncio.gather(*(runner.submit(x) for x in xs))
         assert [y.dtype for y in outputs] == [torch.float64, torch.float32]
@@ -106,13 +134,13 @@ def test_dtypes_never_mix():
 
 def test_a_full_queue_refuses_at_once_before_any_work():
     async def main():
-        model = RecordingModel()
-        model.gate.clear()
-        async with ModelRunner(model, max_batch_size=1, max_wait=0, max_queue_size=2) as runner:
+        model = RecordingModel(held=True)
+        settings = BatchSettings(max_batch_size=1, max_wait=0, max_queue_size=2)
+        async with ModelRunner(model, settings) as runner:
             first = asyncio.create_task(runner.submit(torch.zeros(1, 2)))
-            await asyncio.sleep(0.05)  # taken into a batch; the model is held at the gate
+            await model.wait_entered()
             queued = [asyncio.create_task(runner.submit(torch.ones(1, 2))) for _ in range(2)]
-            await asyncio.sleep(0.01)
+            await one_loop_turn()
             assert runner.queue_depth == 2
             started = time.perf_counter()
             with pytest.raises(QueueFull) as refused:
@@ -121,7 +149,7 @@ def test_a_full_queue_refuses_at_once_before_any_work():
             assert refused.value.retry_after_seconds >= 1
             with pytest.raises(QueueFull):
                 runner.reserve()
-            model.gate.set()
+            model.release.set()
             await asyncio.gather(first, *queued)
         assert model.rows_seen == 3
         assert runner.stats.requests_rejected == 2
@@ -132,7 +160,8 @@ def test_a_full_queue_refuses_at_once_before_any_work():
 def test_a_reservation_holds_a_slot_until_used_or_released():
     async def main():
         model = RecordingModel()
-        async with ModelRunner(model, max_batch_size=4, max_wait=0, max_queue_size=1) as runner:
+        settings = BatchSettings(max_batch_size=4, max_wait=0, max_queue_size=1)
+        async with ModelRunner(model, settings) as runner:
             slot = runner.reserve()
             with pytest.raises(QueueFull):
                 await runner.submit(torch.ones(1, 1))
@@ -148,7 +177,7 @@ def test_a_reservation_holds_a_slot_until_used_or_released():
 def test_a_failing_request_fails_alone_and_the_runner_keeps_serving():
     async def main():
         model = RecordingModel()
-        async with ModelRunner(model, max_batch_size=4, max_wait=0.1, policy="timer") as runner:
+        async with ModelRunner(model, timer(4, 0.1)) as runner:
             xs = [torch.full((1, 2), v) for v in (1.0, POISON, 3.0, 4.0)]
             results = await asyncio.gather(*(runner.submit(x) for x in xs),
                                            return_exceptions=True)
@@ -167,7 +196,7 @@ def test_a_failing_request_fails_alone_and_the_runner_keeps_serving():
 def test_out_of_memory_retries_smaller_then_gives_up_on_one_request():
     async def main():
         model = RecordingModel(oom_above_rows=2)
-        async with ModelRunner(model, max_batch_size=8, max_wait=0.1, policy="timer") as runner:
+        async with ModelRunner(model, timer(8, 0.1)) as runner:
             xs = [torch.full((1, 2), float(i)) for i in range(4)] + [torch.zeros(3, 2)]
             results = await asyncio.gather(*(runner.submit(x) for x in xs),
                                            return_exceptions=True)
@@ -181,7 +210,7 @@ def test_out_of_memory_retries_smaller_then_gives_up_on_one_request():
 def test_a_request_larger_than_max_batch_size_runs_alone_and_whole():
     async def main():
         model = RecordingModel()
-        async with ModelRunner(model, max_batch_size=2, max_wait=0.05, policy="timer") as runner:
+        async with ModelRunner(model, timer(2, 0.05)) as runner:
             big = torch.arange(10.0).reshape(5, 2)
             y = await runner.submit(big)
         assert torch.equal(y, expected(big))
@@ -191,12 +220,16 @@ def test_a_request_larger_than_max_batch_size_runs_alone_and_whole():
 
 
 def test_the_books_stale_timer_crash_cannot_happen():
-    """Bursts that fill batches while a timer is pending, for many rounds (docs/design.md, section 2, defect 3)."""
+    """Bursts that fill batches while a timer is pending, for many rounds (docs/design.md, section 2, defect 3).
+
+    The pauses between bursts are the test's input: arrivals before, around and after
+    the 10 ms timer of the request left over from the previous burst.
+    """
 
     async def main():
         model = RecordingModel()
         rng = random.Random(3)
-        async with ModelRunner(model, max_batch_size=3, max_wait=0.01, policy="timer") as runner:
+        async with ModelRunner(model, timer(3, 0.01)) as runner:
             for round_ in range(150):
                 burst = [torch.full((1, 2), float(round_ * 10 + i))
                          for i in range(rng.choice([1, 2, 3, 4, 6]))]
@@ -214,10 +247,11 @@ def test_the_books_stale_timer_crash_cannot_happen():
 def test_a_cancelled_request_is_dropped_before_its_batch_is_formed():
     async def main():
         model = RecordingModel()
-        async with ModelRunner(model, max_batch_size=8, max_wait=0.2, policy="timer") as runner:
+        async with ModelRunner(model, timer(8, 0.2)) as runner:
             tasks = [asyncio.create_task(runner.submit(torch.full((1, 2), float(i))))
                      for i in range(5)]
-            await asyncio.sleep(0.02)
+            assert not await asyncio.to_thread(model.entered.wait, 0.02)  # the timer holds them
+            assert runner.queue_depth == 5
             tasks[1].cancel()
             tasks[3].cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -232,41 +266,52 @@ def test_a_cancelled_request_is_dropped_before_its_batch_is_formed():
 def test_greedy_does_not_make_a_lone_request_wait():
     async def main():
         model = RecordingModel()
-        async with ModelRunner(model, max_batch_size=8, max_wait=10.0, policy="greedy") as runner:
+        records = []
+        settings = BatchSettings(max_batch_size=8, max_wait=10.0, policy="greedy")
+        async with ModelRunner(model, settings) as runner:
+            runner.add_listener(records.append)
             started = time.perf_counter()
             await runner.submit(torch.ones(1, 2))
-            return time.perf_counter() - started
+            return time.perf_counter() - started, records
 
-    assert run(main()) < 1.0
+    seconds, records = run(main())
+    assert seconds < 1.0
+    assert [r.requests for r in records] == [1] and records[0].queue_wait_seconds[0] < 1.0
 
 
 def test_timer_waits_for_company_up_to_max_wait_and_no_longer():
     async def main():
         model = RecordingModel()
-        async with ModelRunner(model, max_batch_size=8, max_wait=0.3, policy="timer") as runner:
+        records = []
+        async with ModelRunner(model, timer(8, 0.3)) as runner:
+            runner.add_listener(records.append)
             started = time.perf_counter()
             await runner.submit(torch.ones(1, 2))
             lone = time.perf_counter() - started
             started = time.perf_counter()
             await asyncio.gather(*(runner.submit(torch.ones(1, 2)) for _ in range(8)))
             full = time.perf_counter() - started
-        return lone, full
+        return lone, full, records
 
-    lone, full = run(main())
-    assert 0.3 <= lone < 2.0
+    lone, full, records = run(main())
+    assert [r.requests for r in records] == [1, 8]
+    assert 0.3 <= records[0].queue_wait_seconds[0] < 2.0  # waited max_wait, on the loop's clock
+    assert lone < 2.0
+    assert max(records[1].queue_wait_seconds) < 0.3  # a full batch runs at once
     assert full < 0.3
 
 
 def test_greedy_batches_what_accumulated_while_the_model_was_busy():
     async def main():
-        model = RecordingModel()
-        model.gate.clear()
-        async with ModelRunner(model, max_batch_size=8, max_wait=0, policy="greedy") as runner:
+        model = RecordingModel(held=True)
+        settings = BatchSettings(max_batch_size=8, max_wait=0, policy="greedy")
+        async with ModelRunner(model, settings) as runner:
             first = asyncio.create_task(runner.submit(torch.zeros(1, 2)))
-            await asyncio.sleep(0.05)
+            await model.wait_entered()
             rest = [asyncio.create_task(runner.submit(torch.ones(1, 2))) for _ in range(5)]
-            await asyncio.sleep(0.05)
-            model.gate.set()
+            await one_loop_turn()
+            assert runner.queue_depth == 5  # queued while the model is busy
+            model.release.set()
             await asyncio.gather(first, *rest)
         assert model.batches == [(1, 2), (5, 2)]
 
@@ -276,11 +321,15 @@ def test_greedy_batches_what_accumulated_while_the_model_was_busy():
 def test_greedy_waits_for_reserved_company_at_most_max_wait():
     async def main():
         model = RecordingModel()
-        async with ModelRunner(model, max_batch_size=8, max_wait=0.2, policy="greedy") as runner:
+        records = []
+        settings = BatchSettings(max_batch_size=8, max_wait=0.2, policy="greedy")
+        async with ModelRunner(model, settings) as runner:
+            runner.add_listener(records.append)
             slot = runner.reserve()  # a request still being decoded
             started = time.perf_counter()
             lone = asyncio.create_task(runner.submit(torch.ones(1, 2)))
-            await asyncio.sleep(0.05)
+            # The lone request is queued, yet the model is not called: company is on its way.
+            assert not await asyncio.to_thread(model.entered.wait, 0.05)
             await slot.submit(torch.ones(1, 2))
             await lone
             assert model.batches == [(2, 2)]
@@ -290,19 +339,24 @@ def test_greedy_waits_for_reserved_company_at_most_max_wait():
             await runner.submit(torch.ones(1, 2))
             waited = time.perf_counter() - started
             forgotten.release()
-        assert 0.2 <= waited < 2.0
+        return records, waited
 
-    run(main())
+    records, waited = run(main())
+    assert [r.requests for r in records] == [2, 1]
+    assert max(records[0].queue_wait_seconds) < 0.2  # ran when its company came, not at max_wait
+    assert 0.2 <= records[1].queue_wait_seconds[0] < 2.0  # a forgotten slot: max_wait, no more
+    assert waited < 2.0
 
 
 def test_stop_answers_everything_accepted_and_then_refuses():
     async def main():
         model = RecordingModel()
-        runner = ModelRunner(model, max_batch_size=4, max_wait=30.0, policy="timer")
+        runner = ModelRunner(model, timer(4, 30.0))
         await runner.start()
         tasks = [asyncio.create_task(runner.submit(torch.full((1, 1), float(i))))
                  for i in range(10)]
-        await asyncio.sleep(0.01)
+        await asyncio.gather(*tasks[:8])  # two full batches ran at once
+        assert runner.queue_depth == 2  # the 30 s timer holds the last two
         started = time.perf_counter()
         await runner.stop()
         assert time.perf_counter() - started < 5
@@ -321,7 +375,8 @@ def test_exactly_once_under_random_shapes_cancellations_and_failures():
     async def main():
         rng = random.Random(2026)
         model = RecordingModel()
-        runner = ModelRunner(model, max_batch_size=16, max_wait=0.002, max_queue_size=4096)
+        settings = BatchSettings(max_batch_size=16, max_wait=0.002, max_queue_size=4096)
+        runner = ModelRunner(model, settings)
         await runner.start()
         submits, inputs, poisoned = [], [], []
         for i in range(2000):
@@ -335,7 +390,7 @@ def test_exactly_once_under_random_shapes_cancellations_and_failures():
             poisoned.append(bad)
             submits.append(asyncio.create_task(runner.submit(x)))
             if i % 50 == 0:
-                await asyncio.sleep(0)
+                await one_loop_turn()
         cancelled = set(rng.sample(range(2000), 200))
         for i in cancelled:
             submits[i].cancel()
@@ -369,23 +424,21 @@ def test_exactly_once_under_random_shapes_cancellations_and_failures():
     assert runner.queue_depth == 0
 
 
-def test_the_event_loop_stays_responsive_while_a_slow_model_runs():
+def test_the_event_loop_stays_responsive_while_a_model_call_runs():
     async def main():
-        model = RecordingModel(delay_seconds=0.5)
-        ticks: list[float] = []
-
-        async def heartbeat():
-            while True:
-                ticks.append(time.perf_counter())
-                await asyncio.sleep(0.01)
-
-        async with ModelRunner(model, max_batch_size=4, max_wait=0) as runner:
-            beating = asyncio.create_task(heartbeat())
-            await runner.submit(torch.ones(2, 2))
-            beating.cancel()
-        gaps = [b - a for a, b in zip(ticks, ticks[1:])]
-        assert len(ticks) >= 20
-        assert max(gaps) < 0.2
+        model = RecordingModel(held=True)
+        turns: list[float] = []
+        async with ModelRunner(model, BatchSettings(max_batch_size=4, max_wait=0)) as runner:
+            answer = asyncio.create_task(runner.submit(torch.ones(2, 2)))
+            await model.wait_entered()
+            for _ in range(20):
+                started = time.perf_counter()
+                await one_loop_turn()
+                turns.append(time.perf_counter() - started)
+            assert not answer.done()  # the call was inside the model all along
+            model.release.set()
+            assert torch.equal(await answer, expected(torch.ones(2, 2)))
+        assert max(turns) < 0.2
         assert all(name.startswith("mmserver-") for name in model.threads)
 
     run(main())
@@ -395,7 +448,7 @@ def test_settings_are_validated():
     for bad in (dict(max_batch_size=0), dict(max_wait=-1), dict(max_wait=float("nan")),
                 dict(max_queue_size=0), dict(policy="fifo")):
         with pytest.raises(ValueError):
-            ModelRunner(lambda x: x, **bad)
+            BatchSettings(**bad)
 
 
 def test_inputs_must_be_tensors_with_rows():
@@ -412,7 +465,7 @@ def test_inputs_must_be_tensors_with_rows():
 
 def test_a_model_that_returns_the_wrong_number_of_rows_is_a_model_error():
     async def main():
-        async with ModelRunner(lambda x: x[:1], max_wait=0) as runner:
+        async with ModelRunner(lambda x: x[:1], BatchSettings(max_wait=0)) as runner:
             with pytest.raises(ModelError, match="one row per input row"):
                 await runner.submit(torch.ones(3, 2))
             assert runner.running
@@ -424,7 +477,7 @@ def test_statistics_count_batches_rows_and_waits():
     async def main():
         model = RecordingModel()
         records = []
-        async with ModelRunner(model, max_batch_size=4, max_wait=0.05, policy="timer") as runner:
+        async with ModelRunner(model, timer(4, 0.05)) as runner:
             runner.add_listener(records.append)
             await asyncio.gather(*(runner.submit(torch.ones(1, 2)) for _ in range(6)))
         return runner.stats, records
@@ -441,15 +494,17 @@ def test_statistics_count_batches_rows_and_waits():
 
 def test_requests_in_a_batch_are_answered_even_if_the_loop_task_is_killed():
     async def main():
-        model = RecordingModel()
-        model.gate.clear()
-        runner = ModelRunner(model, max_batch_size=2, max_wait=0)
+        model = RecordingModel(held=True)
+        runner = ModelRunner(model, BatchSettings(max_batch_size=2, max_wait=0))
+        before = asyncio.all_tasks()
         await runner.start()
+        (loop_task,) = asyncio.all_tasks() - before  # the one task start() created
         tasks = [asyncio.create_task(runner.submit(torch.ones(1, 1))) for _ in range(3)]
-        await asyncio.sleep(0.05)  # one batch in the model, one request queued
-        runner._task.cancel()  # not stop(): something outside killed the loop task
+        await model.wait_entered()
+        assert runner.queue_depth == 1  # one batch of two in the model, one request queued
+        loop_task.cancel()  # not stop(): something outside killed the loop task
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
-        model.gate.set()
+        model.release.set()
         assert all(isinstance(r, RunnerClosed) for r in results), results
         with pytest.raises(RunnerClosed):
             await runner.submit(torch.ones(1, 1))
@@ -460,7 +515,8 @@ def test_requests_in_a_batch_are_answered_even_if_the_loop_task_is_killed():
 def test_a_plain_function_gets_its_inputs_where_they_are():
     async def main():
         seen = []
-        async with ModelRunner(lambda x: seen.append(x.device) or x, max_wait=0) as runner:
+        model = lambda x: seen.append(x.device) or x  # noqa: E731
+        async with ModelRunner(model, BatchSettings(max_wait=0)) as runner:
             await runner.submit(torch.ones(1, 1))
         assert runner.device is None and seen == [torch.device("cpu")]
 
@@ -469,16 +525,15 @@ def test_a_plain_function_gets_its_inputs_where_they_are():
 
 def test_a_request_past_its_deadline_is_answered_and_never_computed():
     async def main():
-        model = RecordingModel()
-        model.gate.clear()
-        async with ModelRunner(model, max_batch_size=1, max_wait=0) as runner:
+        model = RecordingModel(held=True)
+        async with ModelRunner(model, BatchSettings(max_batch_size=1, max_wait=0)) as runner:
             first = asyncio.create_task(runner.submit(torch.zeros(1, 2)))
-            await asyncio.sleep(0.05)  # in the model, held at the gate
+            await model.wait_entered()
             loop = asyncio.get_running_loop()
             with pytest.raises(InvocationTimeout):
                 await runner.submit(torch.ones(1, 2), deadline=loop.time() + 0.05)
             assert runner.queue_depth == 0
-            model.gate.set()
+            model.release.set()
             await first
         assert model.rows_seen == 1
         stats = runner.stats

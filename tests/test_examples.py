@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 import torchvision
+from helpers import SAME_ANSWER_ATOL, SAME_ANSWER_RTOL, assert_same_answer
 from torchvision.transforms.v2 import functional as F
 
 from mmserver.examples import EXAMPLES, load_digits_split, write_examples
@@ -98,17 +99,27 @@ def test_exported_tabular_model_takes_any_batch_size(written, rows):
     with torch.inference_mode():
         full = program(data)
         assert program(data[:rows]).shape == (rows, 4)
-        assert torch.allclose(program(data[:rows]), full[:rows], atol=1e-6), "rows must not depend on each other"
+        assert_same_answer(full[:rows], program(data[:rows]))  # rows must not depend on each other
 
 
 def test_digits_accuracy_is_recorded_and_high(written, digits_model, handlers, test_digits):
+    """The recorded accuracy is the served model's, to the image.
+
+    It was measured in training, by the eager module on one thread; the served TorchScript
+    model's logits agree within float32 rounding, so only an image whose two top logits tie
+    within that tolerance may change its label.
+    """
     # Measured: 0.9806 on the 360 held-out images with seed 0.
     metadata = json.loads((written["digits"] / "metadata.json").read_text())
     assert metadata["test_accuracy"] >= 0.9
     images, labels = test_digits
     with torch.inference_mode():
-        predicted = handlers.predict_fn(images, digits_model).argmax(dim=1)
-    assert (predicted == labels).float().mean().item() == pytest.approx(metadata["test_accuracy"], abs=1e-4)
+        logits = handlers.predict_fn(images, digits_model)
+    first, second = logits.topk(2, dim=1).values.unbind(dim=1)
+    ties = int((first - second <= 2 * (SAME_ANSWER_ATOL + SAME_ANSWER_RTOL * first.abs())).sum())
+    correct = int((logits.argmax(dim=1) == labels).sum())
+    recorded = round(metadata["test_accuracy"] * len(labels))  # 4 places are finer than 1/360
+    assert abs(correct - recorded) <= ties, (correct, recorded, ties)
 
 
 @pytest.mark.parametrize(
@@ -165,7 +176,7 @@ def test_predict_fn_is_row_wise(handlers, digits_model, test_digits):
         apart = torch.cat([handlers.predict_fn(images[:2], digits_model),
                            handlers.predict_fn(images[2:6], digits_model)])
     assert together.shape == (6, 10)
-    assert torch.allclose(together, apart, atol=1e-5)
+    assert_same_answer(together, apart)
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,6 @@ Quick by default (``MMSERVER_QUICK=1``: a few dozen examples per operation);
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
 from conftest import running_server, write_torchscript  # noqa: E402
+from helpers import assert_error  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -59,10 +59,7 @@ def check_response(operation, response) -> None:
     if status >= 400:
         content_type = (response.headers.get("content-type") or [""])[0]
         assert content_type.startswith("application/json"), where
-        body = json.loads(response.content)
-        assert isinstance(body, dict) and set(body) == {"code", "type", "message"}, where
-        assert body["code"] == status and isinstance(body["type"], str), where
-        assert isinstance(body["message"], str) and body["message"], where
+        assert_error((status, response.content), status)
 
 
 @pytest.mark.parametrize("operation", OPERATIONS, ids=[op.label for op in OPERATIONS])

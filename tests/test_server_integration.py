@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import random
 import signal
 import socket
@@ -12,6 +11,7 @@ import time
 
 import psutil
 from conftest import running_server, write_torchscript
+from helpers import assert_error
 
 
 def test_concurrent_invokes_across_models_get_exact_answers(server, model_root):
@@ -52,8 +52,7 @@ def test_a_model_still_loading_is_described_but_not_served_or_unloaded(server, m
         time.sleep(0.5)
         status, body = server.json("GET", "/models/loading")
         assert status == 200 and body["status"] == "loading"
-        status, body = server.json("DELETE", "/models/loading")
-        assert status == 409 and body["type"] == "ModelLoading"
+        assert_error(server.json("DELETE", "/models/loading"), 409, "ModelLoading")
         assert server.invoke("loading", [[1.0]])[0] == 404
         assert server.load("loading", model_root / "affine")[0] == 409
         assert loading.result(timeout=30)[0] == 200
@@ -76,8 +75,7 @@ def test_a_full_queue_answers_503_with_retry_after(model_root):
         assert set(statuses) == {200, 503}
         for status, headers, raw in results:
             if status == 503:
-                body = json.loads(raw)
-                assert body["code"] == 503 and body["type"] == "QueueFull"
+                assert_error((status, raw), 503, "QueueFull")
                 assert int(headers["Retry-After"]) >= 1
         assert server.invoke("slow", [[0.015625]]) == (200, [[1.03125]])
 
@@ -85,8 +83,8 @@ def test_a_full_queue_answers_503_with_retry_after(model_root):
 def test_out_of_memory_batches_are_retried_smaller_then_507(server, model_root):
     assert server.load("oom", model_root / "oom")[0] == 200
     try:
-        status, body = server.invoke("oom", [[1.0], [2.0], [3.0]])  # 3 rows alone: OOM
-        assert status == 507 and body["type"] == "ModelOutOfMemory"
+        # 3 rows alone: OOM
+        assert_error(server.invoke("oom", [[1.0], [2.0], [3.0]]), 507, "ModelOutOfMemory")
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
             results = list(pool.map(lambda i: server.invoke("oom", [[float(i)]]), range(24)))
         assert all(r == (200, [[2.0 * i + 1]]) for i, r in enumerate(results))
@@ -152,13 +150,12 @@ def test_memory_budget_and_model_cap_answer_507(model_root):
     with running_server(["--model-root", str(model_root), "--no-access-log"],
                         env={"MMSERVER_MEMORY_BUDGET_MB": "32", "MMSERVER_MAX_MODELS": "2"}
                         ) as server:
-        status, body = server.load("big", model_root / "big")
-        assert status == 507 and body["type"] == "InsufficientResources"
+        body = assert_error(server.load("big", model_root / "big"), 507, "InsufficientResources")
         assert "MMSERVER_MEMORY_BUDGET_MB" in body["message"]
         assert server.load("a", model_root / "affine")[0] == 200
         assert server.load("b", model_root / "affine2")[0] == 200
-        status, body = server.load("c", model_root / "m00")
-        assert status == 507 and "MMSERVER_MAX_MODELS" in body["message"]
+        body = assert_error(server.load("c", model_root / "m00"), 507)
+        assert "MMSERVER_MAX_MODELS" in body["message"]
         assert server.json("DELETE", "/models/a")[0] == 200
         assert server.load("c", model_root / "m00")[0] == 200
         assert server.json("GET", "/ping")[0] == 200

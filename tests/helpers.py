@@ -1,0 +1,50 @@
+"""Assertions the test modules share, written once so every module means the same by them."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+#: "The same answer" (docs/design.md, section 3): ``torch.testing.assert_close``'s float32
+#: tolerances, |batched - alone| <= ATOL + RTOL * |alone|.
+SAME_ANSWER_RTOL = 1.3e-6
+SAME_ANSWER_ATOL = 1e-5
+
+
+def assert_error(answer, status: int, error_type: str | None = None) -> dict:
+    """Assert that ``answer`` is mmserver's error answer ``status``, and return its body.
+
+    ``answer`` is what a client call returns: ``(status, body)`` from ``json``, ``load``,
+    ``unload`` or ``invoke``, or ``(status, headers, raw)`` from ``request`` (a raw body is
+    decoded here). Every error is ``{"code": status, "type": "...", "message": "..."}``, the
+    MMS/TorchServe shape clients parse, with a type and a message that say something.
+    """
+    got, *_, body = answer
+    if isinstance(body, (bytes, str)):
+        body = json.loads(body)
+    assert got == status, (got, body)
+    assert isinstance(body, dict) and set(body) == {"code", "type", "message"}, body
+    assert body["code"] == status, body
+    assert isinstance(body["type"], str) and body["type"], body
+    if error_type is not None:
+        assert body["type"] == error_type, body
+    assert isinstance(body["message"], str) and body["message"], body
+    return body
+
+
+def assert_same_answer(batched, alone, *, exact: bool = False, decimals: int | None = None):
+    """Assert that rows answered in a batch got the answer the same rows get alone.
+
+    Batching never changes an answer (docs/design.md, section 3): equal within float32
+    rounding, ``SAME_ANSWER_RTOL`` and ``SAME_ANSWER_ATOL``, as a batched kernel may add in
+    another order; bitwise equal with ``exact=True``, for batch-invariant (elementwise)
+    models. ``decimals``: the answer was rounded to that many places after the model ran,
+    so two values within tolerance may round one unit of the last place apart. Either side
+    is a tensor, an array, a number, or a list or dict of them (a decoded JSON answer).
+    """
+    if exact:
+        torch.testing.assert_close(batched, alone, rtol=0, atol=0)
+        return
+    atol = SAME_ANSWER_ATOL + (10.0 ** -decimals if decimals is not None else 0.0)
+    torch.testing.assert_close(batched, alone, rtol=SAME_ANSWER_RTOL, atol=atol)
