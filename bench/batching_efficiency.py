@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torchvision
 
-from mmserver.batching import ModelRunner
+from mmserver.batching import BatchSettings, ModelRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import median_call_seconds  # noqa: E402
@@ -45,8 +45,9 @@ def build_model() -> torch.nn.Module:
 
 async def saturate(model, clients: int, items: int, max_batch_size: int):
     """Closed-loop clients, one row each, until ``items`` requests are answered."""
-    runner = ModelRunner(model, max_batch_size=max_batch_size, max_wait=0.0,
-                         max_queue_size=clients, policy="greedy", name="resnet18")
+    settings = BatchSettings(max_batch_size=max_batch_size, max_wait=0.0,
+                             max_queue_size=clients, policy="greedy")
+    runner = ModelRunner(model, settings, name="resnet18")
     remaining = items
 
     async def client():
