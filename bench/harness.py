@@ -110,22 +110,23 @@ def generator_name() -> str:
 
 
 def closed_loop(url: str, body: bytes, content_type: str, *, connections: int,
-                seconds: float) -> dict[str, float]:
+                seconds: float, headers: dict[str, str] | None = None) -> dict[str, float]:
     """Saturate ``url`` with ``connections`` clients; requests/s and non-2xx count."""
+    headers = {"Content-Type": content_type, **(headers or {})}
     if shutil.which("wrk"):
-        return _wrk(url, body, content_type, connections, seconds)
-    return asyncio.run(_aiohttp_loop(url, body, content_type, connections, seconds))
+        return _wrk(url, body, headers, connections, seconds)
+    return asyncio.run(_aiohttp_loop(url, body, headers, connections, seconds))
 
 
-def _wrk(url, body, content_type, connections, seconds) -> dict[str, float]:
+def _wrk(url, body, headers, connections, seconds) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         body_file = Path(tmp) / "body"
         body_file.write_bytes(body)
         script = Path(tmp) / "post.lua"
         script.write_text(
             'wrk.method = "POST"\n'
-            f'wrk.headers["Content-Type"] = "{content_type}"\n'
-            f'local f = io.open("{body_file}", "rb")\nwrk.body = f:read("*all")\nf:close()\n')
+            + "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in headers.items())
+            + f'local f = io.open("{body_file}", "rb")\nwrk.body = f:read("*all")\nf:close()\n')
         result = subprocess.run(
             [*taskset_prefix(LOAD_CPU), "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s",
              "--latency", "-s", str(script), url],
@@ -138,7 +139,7 @@ def _wrk(url, body, content_type, connections, seconds) -> dict[str, float]:
             "socket_errors": errors.group(0) if errors else ""}
 
 
-async def _aiohttp_loop(url, body, content_type, connections, seconds) -> dict[str, float]:
+async def _aiohttp_loop(url, body, headers, connections, seconds) -> dict[str, float]:
     import aiohttp
 
     done = non_2xx = 0
@@ -147,8 +148,7 @@ async def _aiohttp_loop(url, body, content_type, connections, seconds) -> dict[s
     async def client(session):
         nonlocal done, non_2xx
         while time.perf_counter() < deadline:
-            async with session.post(url, data=body,
-                                    headers={"Content-Type": content_type}) as response:
+            async with session.post(url, data=body, headers=headers) as response:
                 await response.read()
                 done += 1
                 non_2xx += response.status >= 300

@@ -17,7 +17,9 @@ A CPU model has neither property. :class:`SimulatedDevice` has both, and nothing
 * **One call at a time.** Calls take turns on a lock, as kernels on one CUDA stream do;
   time spent waiting for the lock is queueing (``queued_seconds``), not device time.
   Devices built with the same ``stream`` name in one process share that lock, as models
-  sharing one GPU's default stream do.
+  sharing one GPU's default stream do. ``stream="per_thread"`` gives each calling thread a
+  stream of its own, as a model's instances each have a CUDA stream: an optimistic bound,
+  since real kernels of two streams share the device's SMs.
 * **A host link.** The batch is copied in and the answer copied out (``clone()``: the answer
   is always a new tensor), each taking its bytes over the host link's bandwidth. The default,
   :data:`PCIE3_X16_BYTES_PER_SECOND`, is PCI Express 3.0 x16's rate per direction: 8 GT/s a
@@ -195,9 +197,23 @@ _STREAMS: dict[str, threading.Lock] = {}
 _STREAMS_GUARD = threading.Lock()
 
 
-def _stream_lock(name: str) -> threading.Lock:
+#: The ``stream`` name that gives each calling thread a stream of its own.
+PER_THREAD = "per_thread"
+_per_thread = threading.local()
+
+
+def _stream_lock(name: str) -> threading.Lock | None:
+    if name == PER_THREAD:
+        return None
     with _STREAMS_GUARD:
         return _STREAMS.setdefault(name, threading.Lock())
+
+
+def _thread_stream() -> threading.Lock:
+    lock = getattr(_per_thread, "lock", None)
+    if lock is None:
+        lock = _per_thread.lock = threading.Lock()
+    return lock
 
 
 def _sleep_until(deadline: float) -> None:
@@ -291,7 +307,7 @@ class SimulatedDevice(torch.nn.Module):
         compute = self.compute_seconds(batch_size)
         copy_in = self.transfer_seconds(bytes_in)
         asked = time.perf_counter()
-        with self._stream:
+        with self._stream if self._stream is not None else _thread_stream():
             started = time.perf_counter()
             with self._stats_lock:
                 self._inside += 1

@@ -19,6 +19,7 @@ from conftest import ROOT, running_server
 from mmserver.simulated_device import (
     DEFAULT_FIGURE,
     PCIE3_X16_BYTES_PER_SECOND,
+    PER_THREAD,
     PUBLISHED_BATCH_SIZES,
     RESNET50,
     SETTINGS_FILE,
@@ -119,6 +120,15 @@ def test_one_call_at_a_time():
     assert max(finished) - started >= 6 * 0.02
     assert gpu.stats().max_concurrent_calls == 1
     assert gpu.stats().calls == 6
+
+
+def test_a_per_thread_device_gives_each_calling_thread_a_stream_of_its_own():
+    gpu = SimulatedDevice(LinearBatchTime(0.05), stream=PER_THREAD)
+    started = time.perf_counter()
+    wall = max(call_together(lambda: gpu(torch.ones(1, 8)), threads=3)) - started
+    assert 0.05 <= wall < 0.1  # the three calls overlapped: one call's time, not three
+    assert gpu.stats().max_concurrent_calls == 3
+    assert gpu.stats().calls == 3
 
 
 def test_devices_of_one_stream_take_turns_and_of_two_streams_do_not():

@@ -22,6 +22,7 @@ back to the loop. Every other field here is read and written on the loop only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -83,10 +84,14 @@ class BatchExecutor:
     busy_seconds: float = 0.0
     _pool: WorkerPool | None = None
     _call_started: float | None = None
+    #: On CUDA, the instance's own stream, so one instance's copies overlap another's compute.
+    _stream: Any = None
 
     def open(self) -> None:
         if self._pool is None or self._pool.closed:
             self._pool = WorkerPool(self.name, workers=1)
+        if self._stream is None and self.device is not None and self.device.type == "cuda":
+            self._stream = torch.cuda.Stream(self.device)
 
     def close(self) -> None:
         """Let the worker thread end after its call; a stuck one is abandoned (a daemon)."""
@@ -179,7 +184,9 @@ class BatchExecutor:
 
         Reads only its arguments and fields fixed at construction; returns what it measured.
         """
-        with torch.inference_mode():
+        on_stream = contextlib.nullcontext() if self._stream is None \
+            else torch.cuda.stream(self._stream)
+        with torch.inference_mode(), on_stream:
             if not self.concatenate_rows:
                 return [moved(self.model(moved(inputs[0], self.device)), None, to_cpu=True)], None
             batch = inputs[0] if len(inputs) == 1 else concatenate(inputs)
