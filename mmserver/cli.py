@@ -114,15 +114,24 @@ def serve(args: argparse.Namespace) -> None:
         sys.exit(f"mmserver: {error}")
     if settings.tune_malloc:  # before any model runs: see mmserver/allocator.py
         keep_freed_memory_in_heap()
-    if "OMP_NUM_THREADS" not in os.environ:  # one intra-op thread per CPU we may really use
+    if "OMP_NUM_THREADS" not in os.environ:
         import torch
-        torch.set_num_threads(usable_cpus())
+        torch.set_num_threads(intra_op_threads(usable_cpus(), settings.batch.instances))
     app = create_app(settings)
     app.on_startup.append(_announce)
     try:
         _run(app, settings)
     except MMServerError as error:
         sys.exit(f"mmserver: cannot start: {error}")
+
+
+def intra_op_threads(cpus: int, instances: int) -> int:
+    """torch's intra-op threads: the CPUs we may use, divided among the default instances.
+
+    torch keeps one count per process (set in any thread, it changes every thread's), so
+    the server's default ``instances`` divides it; ``OMP_NUM_THREADS`` overrides it.
+    """
+    return max(1, cpus // instances)
 
 
 def _run(app: web.Application, settings: Settings) -> None:

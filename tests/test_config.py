@@ -67,3 +67,21 @@ def test_model_overrides_are_checked():
                 {"policy": "fifo"}, {"batch_sizing": "fastest"}):
         with pytest.raises(ValueError):
             base.overridden(bad)
+
+
+def test_torch_threads_are_divided_among_the_default_instances():
+    from mmserver.cli import intra_op_threads
+
+    assert intra_op_threads(8, 1) == 8
+    assert intra_op_threads(8, 2) == 4
+    assert intra_op_threads(2, 3) == 1
+    args = build_parser().parse_args(["serve", "--instances", "2"])
+    assert settings_from_args(args).batch.instances == 2
+
+
+def test_sagemaker_model_server_workers_sets_the_default_instances():
+    assert Settings.from_env({"SAGEMAKER_MODEL_SERVER_WORKERS": "3"}).batch.instances == 3
+    assert Settings.from_env({"SAGEMAKER_MODEL_SERVER_WORKERS": "3",
+                              "MMSERVER_INSTANCES": "2"}).batch.instances == 2
+    with pytest.raises(ValueError, match="MMSERVER_INSTANCES"):
+        Settings.from_env({"MMSERVER_INSTANCES": "0"})
