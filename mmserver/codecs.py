@@ -8,7 +8,10 @@ has no ``input_fn`` / ``output_fn`` of its own:
   ``text/csv`` (one row per line), ``image/jpeg`` and ``image/png`` (decoded by
   torchvision to float RGB in [0, 1], one row of shape 3xHxW);
 * out: ``application/json`` (the bare nested list, ``tensor.tolist()``),
-  ``application/x-npy`` and ``text/csv``.
+  ``application/x-npy`` and ``text/csv``. Like the toolkit's encoders they take
+  what a ``predict_fn`` returns: tensors, NumPy arrays and scalars, Python
+  numbers, and lists, tuples and dicts of them (JSON any of these; ``.npy`` and
+  CSV whatever is one array, a 1-D one as a column).
 
 Dimension 0 of a decoded tensor counts the client's rows: ``[[1, 2, 3]]`` is
 one row, ``[[1, 2, 3], [4, 5, 6]]`` two.
@@ -309,11 +312,38 @@ def _encode_json(output: Any) -> bytes:
                                  f"carry; ask for {NPY}") from None
 
 
+#: Array kinds .npy (without pickles) and CSV can carry: booleans, numbers and strings.
+_ONE_ARRAY_KINDS = frozenset("biufcUS")
+
+
 def _one_array(output: Any, kind: str) -> np.ndarray:
-    if not isinstance(output, torch.Tensor):
-        raise NotAcceptable(f"{kind} can carry a single tensor only; this model returns "
-                            f"{type(output).__name__}: ask for {JSON}")
-    return output.numpy()
+    """The output as one NumPy array, or NotAcceptable when it is not one (a dict, ragged rows).
+
+    The toolkit's encoders take any array-like (``np.save``/``np.savetxt`` call
+    ``np.asarray``), so a NumPy scalar, a Python number or a list of rows is one array too.
+    """
+    if isinstance(output, torch.Tensor):
+        tensor = output.detach().cpu()
+        return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
+    if not isinstance(output, Mapping):
+        try:
+            array = np.asarray(_host_arrays(output))
+        except (ValueError, TypeError):
+            array = None
+        if array is not None and array.dtype.kind in _ONE_ARRAY_KINDS:
+            return array
+    raise NotAcceptable(f"{kind} can carry a single array only; the model returned a "
+                        f"{type(output).__name__} that is not one (a dict, or rows of unequal "
+                        f"length): ask for {JSON}")
+
+
+def _host_arrays(output: Any) -> Any:
+    """Tensors inside lists and tuples as NumPy arrays, so ``np.asarray`` can stack them."""
+    if isinstance(output, torch.Tensor):
+        return _one_array(output, NPY)
+    if isinstance(output, (tuple, list)):
+        return [_host_arrays(v) for v in output]
+    return output
 
 
 def _encode_npy(output: Any) -> bytes:
@@ -328,18 +358,22 @@ def _encode_csv(output: Any) -> bytes:
         raise NotAcceptable(f"{CSV} carries at most 2 dimensions; this output has shape "
                             f"{tuple(array.shape)}: ask for {JSON} or {NPY}")
     buffer = io.StringIO()
-    np.savetxt(buffer, array.reshape(array.shape[0], -1), delimiter=",", fmt="%.9g")
+    np.savetxt(buffer, array.reshape(1, 1) if array.ndim == 0 else array, delimiter=",",
+               fmt="%.9g")
     return buffer.getvalue().encode()
 
 
 def _to_python(output: Any) -> Any:
+    """Lists, dicts and Python numbers: anything with ``tolist`` (tensors, NumPy arrays and
+    scalars) becomes its ``tolist()``, as the toolkit's JSON encoder does."""
     if isinstance(output, torch.Tensor):
-        return output.tolist()
+        return output.detach().cpu().tolist()
     if isinstance(output, Mapping):
         return {str(k): _to_python(v) for k, v in output.items()}
     if isinstance(output, (tuple, list)):
         return [_to_python(v) for v in output]
-    return output
+    tolist = getattr(output, "tolist", None)
+    return tolist() if callable(tolist) else output
 
 
 _ENCODERS = {JSON: _encode_json, NPY: _encode_npy, CSV: _encode_csv}

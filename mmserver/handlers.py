@@ -79,7 +79,6 @@ from mmserver.toolkit import (
     UserFunction,
     body_for_user_code,
     describe_error,
-    numpy_as_tensors,
     response_from,
 )
 
@@ -247,7 +246,7 @@ def _one_request_input(read):
 
 def _default_output(rows: Any, context: RequestContext) -> tuple[bytes, str]:
     try:
-        return codecs.encode(numpy_as_tensors(rows), context.accept)
+        return codecs.encode(rows, context.accept)
     except MMServerError:
         raise
     except Exception as error:

@@ -33,6 +33,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from mmserver import codecs
@@ -144,7 +145,8 @@ class InvocationPipeline:
         """Where to encode: the model's threads (user code), the decode threads, or here."""
         if handler.user_codecs:
             return codec_pool
-        if isinstance(rows, torch.Tensor) and rows.numel() >= ENCODE_IN_THREAD_VALUES:
+        if (isinstance(rows, torch.Tensor) and rows.numel() >= ENCODE_IN_THREAD_VALUES
+                or isinstance(rows, np.ndarray) and rows.size >= ENCODE_IN_THREAD_VALUES):
             return self.decode_pool
         return None
 

@@ -14,9 +14,6 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
-import torch
-
 from mmserver import codecs
 from mmserver.errors import (
     InvalidInput,
@@ -149,14 +146,3 @@ def response_from(result: Any, accept: str, source: str) -> tuple[bytes, str]:
     if not isinstance(content_type, str) or not content_type or "*" in content_type:
         content_type = codecs.JSON
     return bytes(body), content_type
-
-
-def numpy_as_tensors(output: Any) -> Any:
-    """The default encoders write tensors; a predict_fn may return NumPy arrays instead."""
-    if isinstance(output, np.ndarray) and output.dtype.kind in "biuf":
-        return torch.from_numpy(np.ascontiguousarray(output))
-    if isinstance(output, Mapping):
-        return {k: numpy_as_tensors(v) for k, v in output.items()}
-    if isinstance(output, (tuple, list)):
-        return type(output)(numpy_as_tensors(v) for v in output)
-    return output
