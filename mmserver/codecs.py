@@ -353,13 +353,22 @@ def _encode_npy(output: Any) -> bytes:
 
 
 def _encode_csv(output: Any) -> bytes:
+    """One line per row, each value as ``str()`` writes it: ``1.0,2.0,3.0`` and ``1,2,3``.
+
+    That is the toolkit's CSV: its default ``output_fn`` turns a tensor into Python
+    numbers (``tolist()``, so float32 values are written at float64 precision) and its
+    encoder writes ``np.savetxt(..., fmt="%s")``. NumPy arrays keep their dtype, so a
+    float32 array writes ``0.1`` where a float32 tensor writes ``0.10000000149011612``.
+    """
+    if isinstance(output, torch.Tensor) and output.is_floating_point():
+        output = output.detach().cpu().double()
     array = _one_array(output, CSV)
     if array.ndim > 2:
         raise NotAcceptable(f"{CSV} carries at most 2 dimensions; this output has shape "
                             f"{tuple(array.shape)}: ask for {JSON} or {NPY}")
     buffer = io.StringIO()
     np.savetxt(buffer, array.reshape(1, 1) if array.ndim == 0 else array, delimiter=",",
-               fmt="%.9g")
+               fmt="%s")
     return buffer.getvalue().encode()
 
 

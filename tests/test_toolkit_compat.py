@@ -17,7 +17,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from conftest import running_server
+from conftest import running_server, write_torchscript
 
 JSON, CSV, NPY = "application/json", "text/csv", "application/x-npy"
 
@@ -81,6 +81,17 @@ PLAIN_VALUES_JSON = {
     "dict_of_numpy": {"label": 3, "scores": [0.5, 0.25]},
 }
 
+#: The toolkit's CSV of each: ``np.savetxt(fmt="%s")`` of a tensor's ``tolist()`` or of the array.
+PLAIN_VALUES_CSV = {
+    "numpy_array": b"1.5,-2.0\n",
+    "numpy_float32_column": b"0.1\n3.0\n",
+    "numpy_int_array": b"0,1,2\n3,4,5\n",
+    "python_list": b"1,2\n3,4\n",
+    "tuple_of_tensors": b"1.0,2.0\n3.0,4.0\n",
+    "float_tensor": b"0.10000000149011612,2.0\n-3.0,9.999999747378752e-06\n",
+    "long_tensor": b"1,2,3\n4,5,6\n",
+}
+
 #: The one array ``.npy`` carries for each (mmserver keeps a tensor's own dtype).
 PLAIN_VALUES_NPY = {
     "numpy_array": np.array([[1.5, -2.0]], dtype=np.float32),
@@ -122,6 +133,7 @@ def root(tmp_path_factory):
     root = tmp_path_factory.mktemp("compat-models")
     write_model(root / "scalar", SCALAR_PREDICTION, **{"model.pth": linear_weights()})
     write_model(root / "plain_values", PLAIN_VALUES)
+    write_torchscript(root / "torchscript")
     return root
 
 
@@ -193,6 +205,29 @@ def test_plain_values_that_are_one_array_are_npy(server, loaded, kind):
     answer, expected = npy_answer(raw), PLAIN_VALUES_NPY[kind]
     assert (answer.dtype, answer.shape) == (expected.dtype, expected.shape)
     np.testing.assert_array_equal(answer, expected)
+
+
+# -- 3. the CSV the default output_fn writes ---------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(PLAIN_VALUES_CSV))
+def test_csv_is_written_as_the_toolkit_writes_it(server, loaded, kind):
+    name = loaded("plain_values")
+    status, content_type, raw = post(server, name, json.dumps({"kind": kind}), accept=CSV)
+    assert (status, content_type, raw) == (200, CSV, PLAIN_VALUES_CSV[kind])
+
+
+def test_csv_of_a_torchscript_model_without_code(server, loaded):
+    name = loaded("torchscript")
+    status, content_type, raw = post(server, name, b"1,2,3\n4,5,6\n", CSV, accept=CSV)
+    assert (status, content_type, raw) == (200, CSV, b"3.0,5.0,7.0\n9.0,11.0,13.0\n")
+    status, content_type, raw = post(server, name, b"[[0.05]]", accept=CSV)
+    assert (status, content_type, raw) == (200, CSV, b"1.100000023841858\n")
+
+
+def test_csv_of_a_scalar_is_one_line(server, loaded):
+    name = loaded("scalar")
+    assert post(server, name, "[1, 2, 3]", accept=CSV) == (200, CSV, b"14.5\n")
 
 
 @pytest.mark.parametrize("accept", [NPY, CSV])
