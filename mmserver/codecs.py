@@ -49,12 +49,13 @@ PNG = "image/png"
 
 #: Largest image decoded (pixels): 25 MP is 300 MB as float32 RGB, far beyond any model input.
 MAX_IMAGE_PIXELS = 25_000_000
-#: What an absent Content-Type or Accept header means (the SageMaker PyTorch toolkit's default).
+#: What an absent Content-Type means to the default decoders, and an absent Accept to the
+#: default encoders. User code gets the Content-Type as sent (None), as in the toolkit.
 DEFAULT_TYPE = JSON
 
 
 def media_type(header: str | None) -> str:
-    """``'application/json; charset=utf-8'`` -> ``'application/json'``."""
+    """``'application/json; charset=utf-8'`` -> ``'application/json'``; no header: JSON."""
     if not header:
         return DEFAULT_TYPE
     return header.split(";", 1)[0].strip().lower()

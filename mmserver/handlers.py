@@ -15,7 +15,7 @@ so that it stays the model's own in :mod:`mmserver.user_code`):
     (the toolkit does that on every call).
 ``input_fn(request_body, request_content_type)``
     The body is a ``str`` when the Content-Type is exactly ``application/json`` or
-    ``text/csv``, else ``bytes``. Any exception here answers 400 (the body was
+    ``text/csv``, else ``bytes``; the type is the header as sent (None when absent). Any exception here answers 400 (the body was
     rejected); a ``ValueError`` starting "unsupported content type" answers 415.
 ``predict_fn(data, model)``
     Under ``torch.inference_mode()`` in the model's own thread. Default: ``model(data)``.

@@ -42,19 +42,22 @@ class RequestContext:
     """What a handler may want to know about the request besides its body."""
 
     model_name: str
-    content_type: str
+    #: The header as the client sent it, None when absent: user code sees what the toolkit
+    #: passes (AWS's own resnet18 ``transform_fn`` accepts a missing type). The default
+    #: decoders read a missing type as JSON (``codecs.media_type``).
+    content_type: str | None
     accept: str
     custom_attributes: str | None = None
 
     @classmethod
     def from_headers(cls, model_name: str, content_type: str | None, accept: str | None,
                      custom_attributes: str | None, default_accept: str) -> RequestContext:
-        """The toolkit's defaults, in one place: a missing or ``*/*`` Accept becomes
-        ``default_accept`` (``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT``); a missing
-        Content-Type is JSON."""
+        """The toolkit's Accept default: a missing or ``*/*`` Accept becomes
+        ``default_accept`` (``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT``). The
+        Content-Type is passed on as sent."""
         if not accept or not accept.strip() or accept.strip() == "*/*":
             accept = default_accept
-        return cls(model_name, content_type or codecs.DEFAULT_TYPE, accept, custom_attributes)
+        return cls(model_name, content_type, accept, custom_attributes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +125,7 @@ def describe_error(error: BaseException) -> str:
     return f"{error.__class__.__name__}: {summarize_error(error)}"
 
 
-def body_for_user_code(body: bytes, content_type: str) -> str | bytes:
+def body_for_user_code(body: bytes, content_type: str | None) -> str | bytes:
     """JSON and CSV bodies as text, others as bytes, as the toolkit hands them over."""
     if content_type not in TEXT_TYPES:
         return body

@@ -105,6 +105,79 @@ PLAIN_VALUES_NPY = {
 }
 
 
+#: A transform_fn in the style of AWS's resnet18 example: an image body, no Content-Type needed.
+IMAGE_TRANSFORM_FN = """
+    import io
+    import json
+
+    import numpy as np
+    import torch
+    import torchvision.transforms as transforms
+    from PIL import Image
+
+    def transform_fn(model, payload, request_content_type, response_content_type):
+        if request_content_type and request_content_type != "application/octet-stream":
+            raise RuntimeError(
+                f"Content type must be application/octet-stream. Provided: {request_content_type}")
+        image = Image.open(io.BytesIO(payload)).convert("RGB")
+        preprocess = transforms.Compose([
+            transforms.Resize(40),
+            transforms.CenterCrop(32),
+            transforms.ToTensor(),
+            transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+        ])
+        batch = preprocess(image).unsqueeze(0)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        logits = model.forward(batch.to(device))
+        scores = np.squeeze(logits.cpu().detach().numpy())
+        exp = np.exp(scores - np.max(scores))
+        return json.dumps((exp / np.sum(exp)).tolist()), "application/json"
+"""
+
+#: input_fn says what it was handed.
+CONTENT_TYPE_PROBE = """
+    import json
+
+    def model_fn(model_dir):
+        return None
+
+    def input_fn(request_body, request_content_type):
+        return {"content_type": request_content_type, "body": type(request_body).__name__}
+
+    def predict_fn(data, model):
+        return data
+
+    def output_fn(prediction, accept):
+        return json.dumps(prediction)
+"""
+
+
+class MeanColour(torch.nn.Module):
+    """Four scores from an image's mean colour: enough of a classifier for a transform_fn."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 4)
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.tensor([[1.0, 0, 0], [0, 1, 0], [0, 0, 1],
+                                                   [-1, -1, -1]]))
+            self.linear.bias.zero_()
+
+    def forward(self, x):
+        return self.linear(x.mean(dim=(2, 3)))
+
+
+def png_bytes(width: int, height: int) -> bytes:
+    from PIL import Image
+
+    pixels = np.zeros((height, width, 3), dtype=np.uint8)
+    pixels[..., 0] = 200
+    pixels[: height // 2, :, 2] = 120
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
 def write_model(folder, script: str, **files: bytes):
     (folder / "code").mkdir(parents=True, exist_ok=True)
     (folder / "code" / "inference.py").write_text(textwrap.dedent(script))
@@ -134,6 +207,9 @@ def root(tmp_path_factory):
     write_model(root / "scalar", SCALAR_PREDICTION, **{"model.pth": linear_weights()})
     write_model(root / "plain_values", PLAIN_VALUES)
     write_torchscript(root / "torchscript")
+    write_torchscript(root / "image_transform", MeanColour(), torch.zeros(1, 3, 32, 32))
+    write_model(root / "image_transform", IMAGE_TRANSFORM_FN)
+    write_model(root / "content_type_probe", CONTENT_TYPE_PROBE)
     return root
 
 
@@ -228,6 +304,46 @@ def test_csv_of_a_torchscript_model_without_code(server, loaded):
 def test_csv_of_a_scalar_is_one_line(server, loaded):
     name = loaded("scalar")
     assert post(server, name, "[1, 2, 3]", accept=CSV) == (200, CSV, b"14.5\n")
+
+
+# -- 4. a request without Content-Type ------------------------------------------------------
+
+
+def test_user_code_gets_the_content_type_as_sent_and_none_when_absent(server, loaded):
+    name = loaded("content_type_probe")
+    for content_type, body_type in ((None, "bytes"), (JSON, "str"), (CSV, "str"),
+                                    ("application/json; charset=utf-8", "bytes"),
+                                    ("application/octet-stream", "bytes")):
+        status, _, raw = post(server, name, b"[[1]]", content_type)
+        assert status == 200, raw
+        assert json.loads(raw) == {"content_type": content_type, "body": body_type}
+
+
+def test_a_resnet_style_transform_fn_serves_an_image_sent_without_content_type(server, loaded):
+    import torchvision.transforms as transforms
+    from PIL import Image
+
+    name = loaded("image_transform")
+    image = png_bytes(48, 36)
+    preprocess = transforms.Compose([
+        transforms.Resize(40), transforms.CenterCrop(32), transforms.ToTensor(),
+        transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
+    logits = MeanColour()(preprocess(Image.open(io.BytesIO(image)).convert("RGB")).unsqueeze(0))
+    expected = torch.softmax(logits[0].detach(), dim=0).tolist()
+    for content_type in (None, "application/octet-stream"):
+        status, response_type, raw = post(server, name, image, content_type)
+        assert (status, response_type) == (200, JSON), raw
+        np.testing.assert_allclose(json.loads(raw), expected, rtol=1e-5)
+    status, _, raw = post(server, name, image, "image/png")
+    body = json.loads(raw)
+    assert (status, body["type"]) == (500, "ModelError")
+    assert body["message"] == ("model 'image_transform' failed: RuntimeError: Content type must "
+                               "be application/octet-stream. Provided: image/png")
+
+
+def test_the_default_decoders_still_read_a_missing_content_type_as_json(server, loaded):
+    name = loaded("torchscript")
+    assert post(server, name, b"[[2, 3]]", content_type=None) == (200, JSON, b"[[5.0,7.0]]")
 
 
 @pytest.mark.parametrize("accept", [NPY, CSV])
