@@ -69,9 +69,11 @@ def listed(models: Iterable[LoadedModel], next_page_token: str | None) -> dict[s
 
 
 def loaded(model: LoadedModel) -> dict[str, object]:
-    return {"status": f"model {model.name!r} loaded", "modelName": model.name,
+    """``POST /models``: MMS's ``Model "NAME" registered`` (SageMaker names no message)."""
+    return {"status": f'Model "{model.name}" registered', "modelName": model.name,
             "modelUrl": model.url}
 
 
 def unloaded(name: str) -> dict[str, object]:
-    return {"status": f"model {name!r} unloaded", "modelName": name}
+    """``DELETE /models/{name}``: ``Model "NAME" unregistered``, as MMS and TorchServe answer."""
+    return {"status": f'Model "{name}" unregistered', "modelName": name}

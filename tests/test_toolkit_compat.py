@@ -346,6 +346,19 @@ def test_the_default_decoders_still_read_a_missing_content_type_as_json(server, 
     assert post(server, name, b"[[2, 3]]", content_type=None) == (200, JSON, b"[[5.0,7.0]]")
 
 
+# -- 5. the load and unload answers ------------------------------------------------------------
+
+
+def test_load_and_unload_answer_as_mms(server, root):
+    status, body = server.load("answers", root / "torchscript")
+    assert (status, body) == (200, {"status": 'Model "answers" registered',
+                                    "modelName": "answers",
+                                    "modelUrl": str(root / "torchscript")})
+    status, body = server.unload("answers")
+    assert (status, body) == (200, {"status": 'Model "answers" unregistered',
+                                    "modelName": "answers"})
+
+
 @pytest.mark.parametrize("accept", [NPY, CSV])
 def test_a_dict_is_not_one_array_so_npy_and_csv_are_406(server, loaded, accept):
     name = loaded("plain_values")
