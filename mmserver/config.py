@@ -137,6 +137,8 @@ class Settings:
     tune_malloc: bool = True
     #: Serve on uvloop's event loop when it is installed.
     uvloop: bool = True
+    #: pip-install a model's code/requirements.txt at load into a folder of its own.
+    install_requirements: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -174,4 +176,5 @@ class Settings:
                                               DEFAULT_SHUTDOWN_TIMEOUT_SECONDS),
             tune_malloc=read_env(env, "MMSERVER_TUNE_MALLOC", boolean, True),
             uvloop=read_env(env, "MMSERVER_UVLOOP", boolean, True),
+            install_requirements=read_env(env, "MMSERVER_INSTALL_REQUIREMENTS", boolean, True),
         )

@@ -5,7 +5,9 @@ name follows ``SAGEMAKER_PROGRAM``), written for SageMaker's PyTorch inference
 toolkit. The script runs unchanged because it is called the way the toolkit
 calls it (docs/design.md section 6 has the side-by-side table; how each
 function is called lives in :mod:`mmserver.toolkit`, how ``code/`` is imported
-so that it stays the model's own in :mod:`mmserver.user_code`):
+so that it stays the model's own in :mod:`mmserver.user_code`, and
+``code/requirements.txt``, installed before the handler is built, in
+:mod:`mmserver.requirements`):
 
 ``pre_model_fn(model_dir)``, ``model_fn(model_dir)``, ``model_warmup_fn(model_dir, model)``
     Once, at load, in this order. Without ``model_fn``: ``model.pt`` (TorchScript),
@@ -115,13 +117,15 @@ class ModelHandler:
     ``user_codecs`` are decided at load too.
     """
 
-    def __init__(self, model_dir: Path, *, device: torch.device, program: str = "inference.py"):
+    def __init__(self, model_dir: Path, *, device: torch.device, program: str = "inference.py",
+                 packages_dir: Path | None = None):
+        """``packages_dir``: where ``code/requirements.txt`` was installed for this model."""
         self.model_dir = model_dir
         self.device = device
         self.batch_overrides = _read_settings(model_dir)
         declared_row_wise = self.batch_overrides.pop(ROW_WISE_KEY, None)
         declared_thread_safe = self.batch_overrides.pop(THREAD_SAFE_KEY, None)
-        self._code = _import_user_code(model_dir, program)
+        self._code = _import_user_code(model_dir, program, packages_dir)
         try:
             self._load(declared_row_wise)
             self.thread_safe = _declared(declared_thread_safe, self._code, THREAD_SAFE_KEY,
@@ -350,12 +354,18 @@ def _read_settings(model_dir: Path) -> dict:
     return overrides
 
 
-def _import_user_code(model_dir: Path, program: str) -> user_code.UserCode | None:
+def _import_user_code(model_dir: Path, program: str,
+                      packages_dir: Path | None) -> user_code.UserCode | None:
     code_dir = model_dir / "code"
     if not (code_dir / program).is_file():
         return None
     try:
-        return user_code.import_program(code_dir, program)
+        code = user_code.import_program(code_dir, program, packages_dir)
     except BaseException as error:
         raise InvalidModelArtifact(
             f"code/{program} failed to import: {describe_error(error)}") from error
+    if code.left_to_the_server:
+        log.warning("%s: code/requirements.txt installed %s, which the server has already "
+                    "imported; the model uses the server's", model_dir,
+                    ", ".join(sorted(code.left_to_the_server)))
+    return code

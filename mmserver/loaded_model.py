@@ -21,6 +21,7 @@ import torch
 
 from mmserver.batching import BatchSettings, ModelRunner, RunnerStats
 from mmserver.handlers import ModelHandler
+from mmserver.requirements import InstalledRequirements
 from mmserver.workers import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -57,12 +58,15 @@ class LoadedModel:
     """One model, ready to serve until :meth:`close` (see the module docstring)."""
 
     def __init__(self, name: str, url: str, path: Path, handler: ModelHandler,
-                 runner: ModelRunner, memory_bytes: int, notes: tuple[str, ...] = ()):
+                 runner: ModelRunner, memory_bytes: int, notes: tuple[str, ...] = (),
+                 packages: InstalledRequirements | None = None):
         self.name, self.url, self.path = name, url, path
         self.notes = notes
         self.handler = handler
         self.runner = runner
         self.memory_bytes = memory_bytes
+        #: The folder its code/requirements.txt was installed into, shared by file hash.
+        self.packages = packages
         #: Runs this model's own input_fn/output_fn, so a stuck one holds no other model's thread.
         self.codec_pool = WorkerPool(f"{name}-codec", workers=CODEC_THREADS)
         self.unloading = False
@@ -103,7 +107,8 @@ class LoadedModel:
         """Answer accepted requests (at most ``drain_timeout`` s), then free the model.
 
         A stuck call is not waited for. Freed: the runner's thread, the codec threads,
-        the model and its code's modules, and on CUDA the allocator's cache.
+        the model and its code's modules, on CUDA the allocator's cache, and the
+        folder of its installed requirements once no other model uses it.
         """
         self.unloading = True
         loop = asyncio.get_running_loop()
@@ -121,6 +126,8 @@ class LoadedModel:
             gc.collect()
             if self.device is not None and self.device.type == "cuda":
                 torch.cuda.empty_cache()
+            if self.packages is not None:  # its modules are gone: the folder may go too
+                await self.packages.release()
 
 
 class _InvocationInProgress:

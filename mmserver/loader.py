@@ -1,10 +1,11 @@
 """Loading: a model folder to a :class:`LoadedModel`, within the load timeout.
 
-The folder's code runs in a thread of its own (``model_fn`` may take minutes,
-or never return), and the memory that load takes is measured around it
-(``capacity.measured_load``). The batch settings are the server's with the
-folder's ``mmserver.json`` on top. The runner is built here but not started:
-the registry first checks the measured memory against the budget.
+The folder's ``code/requirements.txt`` is installed first (``requirements``); then
+its code runs in a thread of its own (``model_fn`` may take minutes, or never
+return), and the memory that load takes is measured around it
+(``capacity.measured_load``). Both share the load timeout. The batch settings are
+the server's with the folder's ``mmserver.json`` on top. The runner is built here
+but not started: the registry first checks the measured memory against the budget.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from mmserver.capacity import measured_load
 from mmserver.errors import InsufficientResources, InvalidModelArtifact, LoadTimeout
 from mmserver.handlers import SETTINGS_FILE, THREAD_SAFE_ATTRIBUTE, THREAD_SAFE_KEY, ModelHandler
 from mmserver.loaded_model import LoadedModel
+from mmserver.requirements import REQUIREMENTS_FILE, InstalledRequirements, RequirementsCache
 from mmserver.workers import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -28,26 +30,46 @@ log = logging.getLogger(__name__)
 
 async def load_model(name: str, url: str, path: Path, *, device: torch.device,
                      batch: BatchSettings, program: str, load_timeout_seconds: float,
-                     call_timeout_seconds: float, estimate_bytes: int = 0) -> LoadedModel:
+                     call_timeout_seconds: float, estimate_bytes: int = 0,
+                     requirements: RequirementsCache | None = None) -> LoadedModel:
     """Build the model's handler in its own thread and wrap it with a runner (not started).
 
+    ``code/requirements.txt`` is installed first, inside the same timeout, by
+    ``requirements`` (None: installing is off, and the file is only warned about).
     Raises :class:`LoadTimeout` past ``load_timeout_seconds`` (the thread, a daemon,
-    is abandoned), :class:`InsufficientResources` when memory ran out, and
-    :class:`InvalidModelArtifact` for a folder that cannot be served.
+    is abandoned; a pip still running is killed), :class:`InsufficientResources` when
+    memory ran out, and :class:`InvalidModelArtifact` for a folder that cannot be served
+    (pip's failure included).
     """
     pool = WorkerPool(f"load-{name}")
+    packages: InstalledRequirements | None = None
+    installing = False
     try:
         async with asyncio.timeout(load_timeout_seconds):
+            requirements_file = path / "code" / REQUIREMENTS_FILE
+            if requirements_file.is_file():
+                if requirements is None:
+                    log.warning("model=%s has code/%s; not installed "
+                                "(MMSERVER_INSTALL_REQUIREMENTS=0)", name, REQUIREMENTS_FILE)
+                else:
+                    installing = True
+                    packages = await requirements.install(name, requirements_file)
+                    installing = False
+            packages_dir = packages.folder if packages is not None else None
             handler, measured = await pool.run(
                 measured_load, device,
-                lambda: ModelHandler(path, device=device, program=program),
+                lambda: ModelHandler(path, device=device, program=program,
+                                     packages_dir=packages_dir),
                 lambda loaded: loaded.model)
     except TimeoutError:
-        log.error("model=%s load did not finish within %g s; abandoned", name,
-                  load_timeout_seconds)
+        await _release(packages)
+        during = f"; pip was still installing code/{REQUIREMENTS_FILE}" if installing else ""
+        log.error("model=%s load did not finish within %g s%s; abandoned", name,
+                  load_timeout_seconds, during)
         raise LoadTimeout(f"loading model {name!r} took longer than {load_timeout_seconds:g} s "
-                          "(MMSERVER_LOAD_TIMEOUT)") from None
+                          f"(MMSERVER_LOAD_TIMEOUT){during}") from None
     except BaseException as error:
+        await _release(packages)
         if is_out_of_memory(error):
             raise InsufficientResources(
                 f"out of memory while loading model {name!r}: {error}") from error
@@ -58,6 +80,7 @@ async def load_model(name: str, url: str, path: Path, *, device: torch.device,
         settings = batch.overridden(handler.batch_overrides)
     except ValueError as error:
         handler.close()
+        await _release(packages)
         raise InvalidModelArtifact(f"{SETTINGS_FILE}: {error}") from None
     notes = []
     if settings.instances > 1 and not handler.thread_safe:
@@ -69,4 +92,9 @@ async def load_model(name: str, url: str, path: Path, *, device: torch.device,
     runner = ModelRunner(handler.predict, settings, device=device, name=name,
                          concatenate=handler.row_wise, call_timeout=call_timeout_seconds)
     return LoadedModel(name, url, path, handler, runner, max(measured, estimate_bytes),
-                       notes=tuple(notes))
+                       notes=tuple(notes), packages=packages)
+
+
+async def _release(packages: InstalledRequirements | None) -> None:
+    if packages is not None:
+        await packages.release()

@@ -35,6 +35,7 @@ from mmserver.errors import (
 from mmserver.loaded_model import LoadedModel, ModelInfo
 from mmserver.loader import load_model
 from mmserver.model_roots import ModelRoots
+from mmserver.requirements import RequirementsCache
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,8 @@ class ModelRegistry:
                                  else default_memory_budget_bytes(self.device)),
             max_models=settings.max_models)
         self.roots = ModelRoots(settings.model_roots)
+        #: Where models' code/requirements.txt are installed; None when installing is off.
+        self.requirements = RequirementsCache() if settings.install_requirements else None
         self._models: dict[str, Loading | LoadedModel] = {}
         #: Unloads under way, held here so that they finish even if their caller goes away.
         self._unloads: dict[str, asyncio.Task] = {}
@@ -112,7 +115,7 @@ class ModelRegistry:
                 name, url, path, device=self.device, batch=settings.batch,
                 program=settings.program, load_timeout_seconds=settings.load_timeout_seconds,
                 call_timeout_seconds=settings.model_server_timeout_seconds,
-                estimate_bytes=estimate)
+                estimate_bytes=estimate, requirements=self.requirements)
             self.capacity.check_memory(model.memory_bytes, self._memory_of_others(placeholder),
                                        "measured")
             await model.start()
@@ -202,6 +205,8 @@ class ModelRegistry:
         """Unload everything (on shutdown), answering accepted requests first."""
         await asyncio.gather(*(self.unload(m.name, drain_timeout) for m in self.ready()),
                              return_exceptions=True)
+        if self.requirements is not None:
+            await self.requirements.close()
 
 
 def validate_name(name: object) -> str:

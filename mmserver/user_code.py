@@ -15,6 +15,24 @@ goes to Python as usual. Nothing touches ``sys.path``, two models never share a
 module, and :meth:`UserCode.close` drops them all from ``sys.modules``.
 Bytecode is never written into the model's folder (it may be read-only, and it
 is not ours).
+
+The packages of the model's ``code/requirements.txt`` (installed by
+:mod:`mmserver.requirements` into a folder of their own) are imported the same way:
+that folder comes second in the package's ``__path__``, and its top-level names
+join the folder's, so ``import transformers`` in the script, and every import
+among the installed packages, finds this model's copy. What this does not cover:
+
+* a top-level name the server process has already imported (``torch``, ``numpy``,
+  ...) stays the server's module: one process cannot hold two copies of most
+  compiled libraries, so a requirement pinning another version of them is
+  installed but not used (:attr:`UserCode.left_to_the_server` lists them);
+* imports that bypass ``__import__`` (``importlib.import_module("name")`` with an
+  absolute name), and imports made by modules the server itself imported;
+* what looks for installed distributions rather than modules:
+  ``importlib.metadata.version(...)``, entry points, ``.pth`` files, console scripts;
+* compiled extension modules are loaded under the private name and are not
+  promised to work (a library may refuse a second copy in one process);
+* pickles that name a module of the folder name the private package.
 """
 
 from __future__ import annotations
@@ -29,6 +47,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from mmserver.requirements import installed_module_names
+
 ROOT_PACKAGE = "mmserver_models"
 
 _real_import = builtins.__import__
@@ -40,9 +60,12 @@ _builtins_by_package: dict[str, dict[str, Any]] = {}
 class UserCode:
     """One model's imported script and the private package its sibling modules live in."""
 
-    def __init__(self, package: str, module: types.ModuleType):
+    def __init__(self, package: str, module: types.ModuleType,
+                 left_to_the_server: frozenset[str] = frozenset()):
         self.package = package
         self.module = module
+        #: Installed top-level names the server had already imported: those stay the server's.
+        self.left_to_the_server = left_to_the_server
 
     def close(self) -> None:
         """Forget every module of this model, so unloading really frees them."""
@@ -53,16 +76,27 @@ class UserCode:
             sys.modules.pop(name, None)
 
 
-def import_program(code_dir: Path, program: str) -> UserCode:
-    """Execute ``code_dir/program`` as this model's own module (any exception propagates)."""
+def import_program(code_dir: Path, program: str, packages_dir: Path | None = None) -> UserCode:
+    """Execute ``code_dir/program`` as this model's own module (any exception propagates).
+
+    ``packages_dir``: where this model's ``code/requirements.txt`` was installed; its
+    modules are found after the folder's own.
+    """
     _install_finder()
     package = f"{ROOT_PACKAGE}.m{uuid.uuid4().hex}"
+    local_names, search_path = _local_module_names(code_dir), [str(code_dir)]
+    left_to_the_server: frozenset[str] = frozenset()
+    if packages_dir is not None:
+        installed = installed_module_names(packages_dir)
+        left_to_the_server = frozenset(n for n in installed if n in sys.modules)
+        local_names |= installed - left_to_the_server
+        search_path.append(str(packages_dir))
     private_builtins = dict(builtins.__dict__)
-    private_builtins["__import__"] = _import_for(package, _local_module_names(code_dir))
+    private_builtins["__import__"] = _import_for(package, local_names)
     with _lock:
         _builtins_by_package[package] = private_builtins
     folder = types.ModuleType(package)
-    folder.__path__ = [str(code_dir)]
+    folder.__path__ = search_path
     folder.__spec__ = importlib.machinery.ModuleSpec(package, None, is_package=True)
     folder.__spec__.submodule_search_locations = folder.__path__
     sys.modules[package] = folder
@@ -71,7 +105,7 @@ def import_program(code_dir: Path, program: str) -> UserCode:
     spec = importlib.util.spec_from_file_location(name, code_dir / program, loader=loader)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    code = UserCode(package, module)
+    code = UserCode(package, module, left_to_the_server)
     try:
         loader.exec_module(module)
     except BaseException:

@@ -85,3 +85,10 @@ def test_sagemaker_model_server_workers_sets_the_default_instances():
                               "MMSERVER_INSTANCES": "2"}).batch.instances == 2
     with pytest.raises(ValueError, match="MMSERVER_INSTANCES"):
         Settings.from_env({"MMSERVER_INSTANCES": "0"})
+
+
+def test_installing_requirements_is_on_unless_turned_off():
+    assert Settings.from_env({}).install_requirements is True
+    assert Settings.from_env({"MMSERVER_INSTALL_REQUIREMENTS": "0"}).install_requirements is False
+    with pytest.raises(ValueError, match="^MMSERVER_INSTALL_REQUIREMENTS must be true or false"):
+        Settings.from_env({"MMSERVER_INSTALL_REQUIREMENTS": "maybe"})

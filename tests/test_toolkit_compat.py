@@ -1,4 +1,4 @@
-"""What AWS's own toolkit does, checked against a real server: scripts as SageMaker users write them.
+"""What AWS's toolkit does, checked on a real server, with scripts as SageMaker users write them.
 
 Each test is one behaviour where mmserver used to answer otherwise than SageMaker's PyTorch
 inference toolkit: a ``predict_fn`` that returns NumPy or plain Python values, the CSV the
@@ -10,11 +10,20 @@ out here byte for byte; the few places mmserver still departs are in docs/design
 
 from __future__ import annotations
 
+import base64
+import concurrent.futures
+import hashlib
 import io
 import json
+import os
+import socket
 import textwrap
+import threading
+import zipfile
+from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from conftest import running_server, write_torchscript
@@ -368,3 +377,242 @@ def test_a_dict_is_not_one_array_so_npy_and_csv_are_406(server, loaded, accept):
     assert body["message"] == (
         f"{accept} can carry a single array only; the model returned a dict that is not one "
         "(a dict, or rows of unequal length): ask for application/json")
+
+
+# -- 2. code/requirements.txt ------------------------------------------------------------------
+
+PACKAGE = "mmserver_tinypkg"
+PACKAGE_FILES = {
+    f"{PACKAGE}/__init__.py": (
+        f"from {PACKAGE}.scaling import scale  # an absolute import of its own module\n"
+        "__version__ = '1.0'\n"),
+    f"{PACKAGE}/scaling.py": ("def scale(values, factor=3):\n"
+                              "    return [v * factor for v in values]\n"),
+}
+REQUIREMENTS = "mmserver-tinypkg==1.0\n"
+
+#: A script that imports what its requirements.txt lists, at import time as users do.
+USES_THE_PACKAGE = f"""
+    import json
+
+    import {PACKAGE}
+
+    def model_fn(model_dir):
+        return {PACKAGE}
+
+    def input_fn(request_body, request_content_type):
+        return json.loads(request_body)
+
+    def predict_fn(data, model):
+        return model.scale(data)
+
+    def output_fn(prediction, accept):
+        return json.dumps({{"scaled": prediction, "version": {PACKAGE}.__version__}})
+"""
+
+#: Its requirements install a package ``numpy`` too, which the server imported long before.
+NUMPY_PROBE = f"""
+    import json
+
+    import numpy
+    import {PACKAGE}
+
+    def model_fn(model_dir):
+        return None
+
+    def transform_fn(model, request_body, content_type, accept):
+        return json.dumps({{"fake": hasattr(numpy, "FAKE"), "mean": float(numpy.mean([1, 2])),
+                           "scaled": {PACKAGE}.scale([1])}})
+"""
+
+NEEDS_NOTHING = """
+    def model_fn(model_dir):
+        return lambda x: x + 1
+"""
+
+
+def write_wheel(folder: Path, project: str, files: dict[str, str]) -> Path:
+    """A pure-Python wheel of ``files``, version 1.0, its RECORD hashed as pip checks it."""
+    stem = f"{project.replace('-', '_')}-1.0"
+    dist_info = f"{stem}.dist-info"
+    files = {**files,
+             f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {project}\nVersion: 1.0\n",
+             f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: mmserver-tests\n"
+                                   "Root-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{name},sha256={digest.decode()},{len(text.encode())}")
+    files[f"{dist_info}/RECORD"] = "\n".join([*record, f"{dist_info}/RECORD,,"]) + "\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"{stem}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return wheel
+
+
+def write_requirements_model(folder: Path, script: str, requirements: str | None) -> Path:
+    write_model(folder, script)
+    if requirements is not None:
+        (folder / "code" / "requirements.txt").write_text(requirements)
+    return folder
+
+
+def sha256_of(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def pip_env(tmp: Path, **more: str) -> dict[str, str]:
+    """pip with no configuration of this machine, and TMPDIR where the test can look."""
+    (tmp / "tmp").mkdir(parents=True, exist_ok=True)
+    return {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_CACHE_DIR": "1", "TMPDIR": str(tmp / "tmp"),
+            **more}
+
+
+def cache_folders(tmp: Path) -> list[Path]:
+    return sorted((tmp / "tmp").glob("mmserver-requirements-*"))
+
+
+def pip_children(server) -> list[str]:
+    return [" ".join(p.cmdline()) for p in psutil.Process(server.process.pid).children(True)
+            if "pip" in " ".join(p.cmdline())]
+
+
+@pytest.fixture(scope="module")
+def pip_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pip")
+    write_wheel(root / "wheels", "mmserver-tinypkg", PACKAGE_FILES)
+    write_wheel(root / "wheels", "mmserver-fake-numpy", {"numpy/__init__.py": "FAKE = True\n"})
+    models = root / "models"
+    write_requirements_model(models / "uses", USES_THE_PACKAGE, REQUIREMENTS)
+    write_requirements_model(models / "uses_too", USES_THE_PACKAGE, REQUIREMENTS)
+    write_requirements_model(models / "without", USES_THE_PACKAGE, None)
+    write_requirements_model(models / "missing", NEEDS_NOTHING, "mmserver-no-such-package==1.0\n")
+    write_requirements_model(models / "fake_numpy", NUMPY_PROBE,
+                             REQUIREMENTS + "mmserver-fake-numpy==1.0\n")
+    return root
+
+
+def test_requirements_are_installed_for_the_model_shared_by_hash_and_removed(pip_root):
+    env = pip_env(pip_root / "shared", PIP_FIND_LINKS=str(pip_root / "wheels"), PIP_NO_INDEX="1")
+    models = pip_root / "models"
+    with running_server(["--model-root", str(models), "--no-access-log"], env) as server:
+        assert server.load("uses", models / "uses")[0] == 200
+        [cache] = cache_folders(pip_root / "shared")
+        installed = cache / sha256_of(REQUIREMENTS)
+        assert (installed / PACKAGE / "__init__.py").is_file()
+        before = installed.stat()
+        status, _, raw = post(server, "uses", "[1, 2]")
+        assert (status, json.loads(raw)) == (200, {"scaled": [3, 6], "version": "1.0"})
+
+        assert server.load("uses_too", models / "uses_too")[0] == 200
+        after = installed.stat()
+        assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+        log = server.log()
+        assert log.count("installing code/requirements.txt") == 1
+        assert (f"model=uses_too reuses the packages of code/requirements.txt "
+                f"(sha256 {sha256_of(REQUIREMENTS)}) in {installed}") in log
+        status, _, raw = post(server, "uses_too", "[5]")
+        assert (status, json.loads(raw)) == (200, {"scaled": [15], "version": "1.0"})
+
+        status, body = server.load("without", models / "without")
+        assert (status, body["type"]) == (400, "InvalidModelArtifact")
+        assert body["message"] == ("code/inference.py failed to import: ModuleNotFoundError: "
+                                   f"No module named '{PACKAGE}'")
+
+        assert server.unload("uses")[0] == 200
+        assert installed.is_dir()
+        assert post(server, "uses_too", "[1]")[0] == 200
+        assert server.unload("uses_too")[0] == 200
+        assert not installed.exists() and list(cache.iterdir()) == []
+
+        assert server.load("uses", models / "uses")[0] == 200  # installed again
+        assert server.log().count("installing code/requirements.txt") == 2
+        assert installed.is_dir()
+    assert cache_folders(pip_root / "shared") == []  # the server removed its cache on exit
+
+
+def test_concurrent_loads_of_the_same_file_run_pip_once(pip_root):
+    env = pip_env(pip_root / "concurrent", PIP_FIND_LINKS=str(pip_root / "wheels"),
+                  PIP_NO_INDEX="1")
+    models = pip_root / "models"
+    names = ["uses", "uses_too"]
+    barrier = threading.Barrier(len(names))
+
+    def load(name):
+        barrier.wait()
+        return server.load(name, models / name)[0]
+
+    with running_server(["--model-root", str(models), "--no-access-log"], env) as server:
+        with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+            assert list(pool.map(load, names)) == [200, 200]
+        log = server.log()
+        assert log.count("installing code/requirements.txt") == 1
+        assert (log.count("waits for the pip already running")
+                + log.count("reuses the packages")) == 1
+        for name in names:
+            assert json.loads(post(server, name, "[2]")[2])["scaled"] == [6]
+
+
+def test_a_package_the_server_has_imported_stays_the_servers(pip_root):
+    env = pip_env(pip_root / "numpy", PIP_FIND_LINKS=str(pip_root / "wheels"), PIP_NO_INDEX="1")
+    models = pip_root / "models"
+    with running_server(["--model-root", str(models), "--no-access-log"], env) as server:
+        assert server.load("fake_numpy", models / "fake_numpy")[0] == 200
+        status, _, raw = post(server, "fake_numpy", b"{}")
+        assert (status, json.loads(raw)) == (200, {"fake": False, "mean": 1.5, "scaled": [3]})
+        assert (f"{models / 'fake_numpy'}: code/requirements.txt installed numpy, which the "
+                "server has already imported; the model uses the server's") in server.log()
+
+
+def test_a_package_pip_cannot_find_is_400_with_pips_own_words(pip_root):
+    env = pip_env(pip_root / "missing", PIP_FIND_LINKS=str(pip_root / "wheels"),
+                  PIP_NO_INDEX="1")
+    models = pip_root / "models"
+    with running_server(["--model-root", str(models), "--no-access-log"], env) as server:
+        status, body = server.load("missing", models / "missing")
+        assert (status, body["type"]) == (400, "InvalidModelArtifact")
+        first, *pip_lines = body["message"].splitlines()
+        assert first == ("code/requirements.txt could not be installed: pip exited with 1; "
+                         "its last lines:")
+        assert pip_lines[-1] == ("ERROR: No matching distribution found for "
+                                 "mmserver-no-such-package==1.0")
+        [cache] = cache_folders(pip_root / "missing")
+        assert list(cache.iterdir()) == []  # nothing left behind
+        assert server.load("missing", models / "missing")[0] == 400  # tried again, not cached
+
+
+def test_a_pip_that_outlives_the_load_timeout_is_killed(pip_root):
+    with socket.socket() as silent_index:  # accepts connections, never answers
+        silent_index.bind(("127.0.0.1", 0))
+        silent_index.listen()
+        port = silent_index.getsockname()[1]
+        env = pip_env(pip_root / "slow", PIP_INDEX_URL=f"http://127.0.0.1:{port}/simple/",
+                      PIP_TIMEOUT="60", PIP_RETRIES="0", MMSERVER_LOAD_TIMEOUT="4")
+        models = pip_root / "models"
+        with running_server(["--model-root", str(models), "--no-access-log"], env) as server:
+            status, body = server.load("uses", models / "uses")
+            assert (status, body["type"]) == (504, "LoadTimeout")
+            assert body["message"] == ("loading model 'uses' took longer than 4 s "
+                                       "(MMSERVER_LOAD_TIMEOUT); pip was still installing "
+                                       "code/requirements.txt")
+            assert pip_children(server) == []
+            [cache] = cache_folders(pip_root / "slow")
+            assert list(cache.iterdir()) == []
+            assert server.json("GET", "/models")[1] == {"models": []}
+
+
+def test_installing_off_loads_as_before_with_a_warning(pip_root):
+    env = pip_env(pip_root / "off", PIP_FIND_LINKS=str(pip_root / "wheels"), PIP_NO_INDEX="1",
+                  MMSERVER_INSTALL_REQUIREMENTS="0")
+    models = pip_root / "models"
+    with running_server(["--model-root", str(models), "--no-access-log"], env) as server:
+        assert server.load("missing", models / "missing")[0] == 200
+        assert ("model=missing has code/requirements.txt; not installed "
+                "(MMSERVER_INSTALL_REQUIREMENTS=0)") in server.log()
+        status, body = server.load("uses", models / "uses")
+        assert (status, body["type"]) == (400, "InvalidModelArtifact")
+        assert body["message"] == ("code/inference.py failed to import: ModuleNotFoundError: "
+                                   f"No module named '{PACKAGE}'")
+    assert cache_folders(pip_root / "off") == []
