@@ -58,7 +58,8 @@ class _Install:
     folder: Path
     task: asyncio.Task | None = None
     users: int = 0
-    #: Set once the folder is being removed: a new load of the same file waits for ``gone``.
+    #: Set once the folder is on its way out: a new load of the same file waits for ``gone``,
+    #: set when the folder's name is free again, before it installs afresh.
     closing: bool = False
     gone: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
@@ -137,8 +138,8 @@ class RequirementsCache:
         try:
             await _run_pip(requirements_file, install.folder)
         except BaseException as error:
-            self._retire(install)
-            await _remove(install)
+            install.closing = True
+            await self._remove(install)
             if isinstance(error, InvalidModelArtifact):
                 log.warning("model=%s pip failed on code/%s (sha256 %s)", model_name,
                             REQUIREMENTS_FILE, install.digest)
@@ -148,33 +149,32 @@ class RequirementsCache:
 
     async def _leave(self, install: _Install) -> None:
         install.users -= 1
-        if install.users:
+        if install.users or install.closing:
             return
+        install.closing = True
         task = install.task
         if not task.done():  # nobody waits for this pip any more: its task kills it
             task.cancel()
             await asyncio.wait([task])
-        elif not task.cancelled() and task.exception() is None:
-            self._retire(install)
-            await _remove(install)
+        else:
+            await self._remove(install)
             log.info("removed the packages of code/%s (sha256 %s): no loaded model uses them",
                      REQUIREMENTS_FILE, install.digest)
 
-    def _retire(self, install: _Install) -> None:
-        install.closing = True
-        if self._installs.get(install.digest) is install:
-            del self._installs[install.digest]
-
-
-async def _remove(install: _Install) -> None:
-    """Rename the folder away at once (its name is free for the next install), then delete it."""
-    try:
-        if install.folder.exists():
-            doomed = install.folder.with_name(f"{install.folder.name}.removed-{uuid.uuid4().hex}")
-            os.rename(install.folder, doomed)
+    async def _remove(self, install: _Install) -> None:
+        """Rename the folder away, so its name is free for the next install, then delete it."""
+        doomed = None
+        try:
+            if install.folder.exists():
+                doomed = install.folder.with_name(
+                    f"{install.folder.name}.removed-{uuid.uuid4().hex}")
+                os.rename(install.folder, doomed)
+        finally:
+            if self._installs.get(install.digest) is install:
+                del self._installs[install.digest]
+            install.gone.set()
+        if doomed is not None:
             await asyncio.to_thread(shutil.rmtree, doomed, True)
-    finally:
-        install.gone.set()
 
 
 async def _run_pip(requirements_file: Path, target: Path) -> None:
