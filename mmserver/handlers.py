@@ -48,20 +48,33 @@ whose dimension 0 counts this request's rows, and ``predict_fn`` returns one
 output row per input row. Every other script gets one ``predict_fn`` call per
 request with ``input_fn``'s object as it is, and ``output_fn`` gets the whole
 prediction back. ``transform_fn`` is never row-wise.
+
+**Tensors that arrive already decoded** (the v2 protocol, ``http_v2``) skip
+``input_fn`` and ``output_fn``: the protocol decodes and encodes them. They
+reach :meth:`ModelHandler.from_tensors`, which hands a row-wise model the tensor
+(or dict of tensors) as its rows and any other script's ``predict_fn`` the same
+object as one request. A ``transform_fn`` takes the raw body, so such a model
+cannot take tensors (:attr:`ModelHandler.takes_tensors` is False). A default
+``predict_fn`` given a dict calls a model whose ``forward`` takes several
+tensors with the dict's values, in order. The model's :attr:`~ModelHandler.signature`
+(its tensors' names, datatypes and shapes) is ``mmserver.json``'s declaration,
+else what a ``model.pt2`` says of itself (:mod:`mmserver.signatures`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import warnings
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mmserver import codecs, user_code
+from mmserver import codecs, signatures, user_code
 from mmserver.batching import is_out_of_memory
 from mmserver.batching.rows import moved, rows_of
 from mmserver.errors import (
@@ -97,6 +110,18 @@ ROW_WISE_ATTRIBUTE = "MMSERVER_ROW_WISE"
 #: The mmserver.json key, and the script attribute, that let a script run on several instances.
 THREAD_SAFE_KEY = "thread_safe"
 THREAD_SAFE_ATTRIBUTE = "MMSERVER_THREAD_SAFE"
+#: What :attr:`ModelHandler.kind` can be: user code, or which default model file was loaded.
+SCRIPT, TORCHSCRIPT, EXPORTED = "script", "torchscript", "export"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFile:
+    """A default model file, loaded: the model, its format, and what it says of its tensors."""
+
+    model: Any
+    kind: str
+    inputs: tuple[signatures.TensorSpec, ...] | None = None
+    outputs: tuple[signatures.TensorSpec, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +150,7 @@ class ModelHandler:
         self.batch_overrides = _read_settings(model_dir)
         declared_row_wise = self.batch_overrides.pop(ROW_WISE_KEY, None)
         declared_thread_safe = self.batch_overrides.pop(THREAD_SAFE_KEY, None)
+        self._declared_tensors = signatures.declared(self.batch_overrides, SETTINGS_FILE)
         self._code = _import_user_code(model_dir, program, packages_dir)
         try:
             self._load(declared_row_wise)
@@ -148,7 +174,14 @@ class ModelHandler:
         model_dir = str(self.model_dir)
         if "pre_model_fn" in functions:
             _at_load(functions["pre_model_fn"], model_dir, context=context)
-        self.model = self._build_model(functions, context)
+        model_file = self._build_model(functions, context)
+        self.model = model_file.model
+        #: ``script`` (the folder has code), ``torchscript`` or ``export`` (its model file).
+        self.kind = SCRIPT if self._code is not None else model_file.kind
+        self.signature = signatures.combined(*self._declared_tensors, model_file.inputs,
+                                             model_file.outputs)
+        #: Requests may arrive as decoded tensors (the v2 protocol): not for transform_fn.
+        self.takes_tensors = "transform_fn" not in functions
         if "model_warmup_fn" in functions:
             _at_load(functions["model_warmup_fn"], model_dir, self.model, context=context)
         self.row_wise = _decide_row_wise(declared_row_wise, self._code, functions)
@@ -158,7 +191,8 @@ class ModelHandler:
         self.default_encoders = not functions.keys() & {"output_fn", "transform_fn"}
         self._resolve(functions, context)
 
-    def _build_model(self, functions: dict[str, UserFunction], context: LoadContext) -> Any:
+    def _build_model(self, functions: dict[str, UserFunction],
+                     context: LoadContext) -> ModelFile:
         if "model_fn" not in functions:
             try:
                 return load_default_model(self.model_dir, self.device)
@@ -170,7 +204,7 @@ class ModelHandler:
         if isinstance(model, torch.nn.Module) and not functions.keys() & {
                 "predict_fn", "transform_fn"}:
             model = model.to(self.device).eval()
-        return model
+        return ModelFile(model, SCRIPT)
 
     def _resolve(self, functions: dict[str, UserFunction], load_context: LoadContext) -> None:
         """Fix :attr:`decode`, :attr:`predict` and :attr:`encode` for every request to come."""
@@ -187,14 +221,19 @@ class ModelHandler:
         read = _default_input if input_fn is None else _user_input(input_fn)
         self.decode = _row_wise_input(read) if self.row_wise else _one_request_input(read)
         predict_fn = functions.get("predict_fn")
+        call = _default_call(model)
         if self.row_wise:
-            self.predict = model if predict_fn is None else (
+            self.predict = call if predict_fn is None else (
                 lambda batch: predict_fn(batch, model, context=load_context))
         else:
-            self.predict = (lambda one: model(moved(one.data, device))) if predict_fn is None \
+            self.predict = (lambda one: call(moved(one.data, device))) if predict_fn is None \
                 else (lambda one: predict_fn(moved(one.data, device), model, context=one.context))
         output_fn = functions.get("output_fn")
         self.encode = _default_output if output_fn is None else _user_output(output_fn)
+
+    def from_tensors(self, data: Any, context: RequestContext) -> Any:
+        """The runner's input for a request whose tensors the protocol already decoded."""
+        return data if self.row_wise else OneRequest(data, context)
 
     def close(self) -> None:
         """Drop the model and the modules its code imported, so their memory can be freed."""
@@ -246,6 +285,31 @@ def _one_request_input(read):
     def decode(body: bytes, context: RequestContext) -> OneRequest:
         return OneRequest(read(body, context), context)
     return decode
+
+
+def _default_call(model: Any) -> Callable[[Any], Any]:
+    """The default predict_fn's call: ``model(batch)``, or ``model(*batch.values())`` when
+    ``forward`` takes several tensors and the batch is a dict of them (in the model's order)."""
+    if _positional_parameters(model) < 2:
+        return model
+
+    def call(batch: Any) -> Any:
+        return model(*batch.values()) if isinstance(batch, Mapping) else model(batch)
+    return call
+
+
+def _positional_parameters(model: Any) -> int:
+    """How many tensors ``model`` takes by position (2 for ``*args``; 1 when unknown)."""
+    schema = getattr(getattr(model, "forward", None), "schema", None)
+    if schema is not None:  # TorchScript: the first argument is self
+        return len(schema.arguments) - 1
+    try:
+        parameters = inspect.signature(getattr(model, "forward", model)).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        return 2
+    return sum(1 for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 def _default_output(rows: Any, context: RequestContext) -> tuple[bytes, str]:
@@ -312,14 +376,16 @@ def _decide_row_wise(declared: Any, code: user_code.UserCode | None,
     return not functions.keys() & {"input_fn", "predict_fn"}
 
 
-def load_default_model(model_dir: Path, device: torch.device) -> Any:
+def load_default_model(model_dir: Path, device: torch.device) -> ModelFile:
     """The PyTorch toolkit's default model_fn, plus ``model.pt2``.
 
     ``model.pt``, else ``model.pt2``, else the folder's only ``*.pt``/``*.pth`` file.
     """
     script, exported = model_dir / TORCHSCRIPT_FILE, model_dir / EXPORT_FILE
     if exported.is_file() and not script.is_file():
-        return torch.export.load(str(exported)).module().to(device)
+        program = torch.export.load(str(exported))
+        return ModelFile(program.module().to(device), EXPORTED,
+                         *signatures.of_exported_program(program))
     if not script.is_file():
         candidates = sorted(p for p in model_dir.iterdir()
                             if p.is_file() and p.suffix in TOOLKIT_MODEL_SUFFIXES)
@@ -338,7 +404,18 @@ def load_default_model(model_dir: Path, device: torch.device) -> Any:
         raise InvalidModelArtifact(
             f"{script.name} is not TorchScript ({summarize_error(error)}); a state_dict needs "
             "code/inference.py with a model_fn that builds the network and loads it") from error
-    return model.eval()
+    return ModelFile(model.eval(), TORCHSCRIPT)
+
+
+def is_model_folder(path: Path, program: str = "inference.py") -> bool:
+    """Whether a folder holds what a load looks for: a model file or the handler script."""
+    try:
+        return (path / "code" / program).is_file() or any(
+            child.is_file() and (child.name == EXPORT_FILE
+                                 or child.suffix in TOOLKIT_MODEL_SUFFIXES)
+            for child in path.iterdir())
+    except OSError:
+        return False
 
 
 def _read_settings(model_dir: Path) -> dict:
