@@ -11,30 +11,44 @@ Routes (docs/design.md section 4)::
     GET    /ping                    health
     GET    /metrics                 Prometheus text format
 
-The HTTP layer is this module (routes and their handlers), ``http_errors``
-(every exception to a status code and a JSON body) and ``http_answers`` (the
-camelCase answers). Each route declares here whether it needs the management
-token. Where SageMaker's contract is silent we follow AWS's multi-model-server.
+and, on the same port, the Open Inference Protocol's ``/v2`` routes (``http_v2``),
+which serve the same models through the same queues.
+
+The HTTP layer is this module (SageMaker's routes and their handlers, the
+application), ``http_v2`` (the v2 routes), ``http_routes`` (what both share),
+``http_errors`` (every exception to a status code and an error body, in the
+shape of the route's protocol) and ``http_answers`` (the camelCase answers).
+Each route declares whether it needs the management token. Where SageMaker's
+contract is silent we follow AWS's multi-model-server.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import hdrs, web
 
-from mmserver import errors, http_answers
+from mmserver import errors, http_answers, http_v2
 from mmserver.config import Settings
-from mmserver.http_errors import INVOCATION, answer_errors, requires_token
+from mmserver.http_errors import INVOCATION, SAGEMAKER, V2, answer_errors, requires_token
+from mmserver.http_routes import (
+    METRICS,
+    PIPELINE,
+    REGISTRY,
+    SETTINGS,
+    Route,
+    read_body,
+    read_json_object,
+)
+from mmserver.loaded_model import LoadedModel
 from mmserver.metrics import CONTENT_TYPE_LATEST, Metrics
-from mmserver.pipeline import Invocation, InvocationPipeline, check_payload_size
+from mmserver.pipeline import Invocation, InvocationPipeline, ToolkitWire
 from mmserver.registry import ModelRegistry, validate_name
 from mmserver.toolkit import RequestContext
+
+__all__ = ["METRICS", "PIPELINE", "REGISTRY", "ROUTES", "SETTINGS", "Route", "create_app"]
 
 log = logging.getLogger(__name__)
 
@@ -47,19 +61,12 @@ LINGERING_SECONDS = 2.0
 CUSTOM_ATTRIBUTES_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
 #: Name the single model of single-model mode is registered under.
 SINGLE_MODEL_NAME = "model"
-#: Load requests are small JSON objects; anything larger is not one.
-MAX_LOAD_BODY_BYTES = 64 * 1024
-
-SETTINGS = web.AppKey("settings", Settings)
-REGISTRY = web.AppKey("registry", ModelRegistry)
-METRICS = web.AppKey("metrics", Metrics)
-PIPELINE = web.AppKey("pipeline", InvocationPipeline)
 
 
 # -- model management ---------------------------------------------------------
 
 async def load_model(request: web.Request) -> web.Response:
-    body = await _read_json_object(request)
+    body = await read_json_object(request)
     name, url = body.get("model_name"), body.get("url")
     if not isinstance(name, str) or not name:
         raise errors.InvalidRequest('the body needs "model_name": a string')
@@ -92,19 +99,6 @@ async def unload_model(request: web.Request) -> web.Response:
     return web.json_response(http_answers.unloaded(name))
 
 
-async def _read_json_object(request: web.Request) -> dict:
-    if request.content_length is not None and request.content_length > MAX_LOAD_BODY_BYTES:
-        raise errors.PayloadTooLarge(f"a load request is at most {MAX_LOAD_BODY_BYTES} bytes")
-    raw = await request.read()
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise errors.InvalidRequest(f"the body must be a JSON object: {error}") from None
-    if not isinstance(body, dict):
-        raise errors.InvalidRequest(f"the body must be a JSON object, got {type(body).__name__}")
-    return body
-
-
 # -- invocation -----------------------------------------------------------------
 
 async def invoke(request: web.Request) -> web.Response:
@@ -119,7 +113,7 @@ async def invoke(request: web.Request) -> web.Response:
     request[INVOCATION] = (name, started)
     app = request.app
     model = app[REGISTRY].get(name)
-    answer = await app[PIPELINE].run(model, _invocation(request, app[SETTINGS], name))
+    answer = await app[PIPELINE].run(model, _invocation(request, app[SETTINGS], model))
     return web.Response(body=answer.body, content_type=answer.content_type)
 
 
@@ -132,26 +126,15 @@ def _invocations_target(request: web.Request) -> str:
     return SINGLE_MODEL_NAME
 
 
-def _invocation(request: web.Request, settings: Settings, name: str) -> Invocation:
+def _invocation(request: web.Request, settings: Settings, model: LoadedModel) -> Invocation:
     headers = request.headers
     context = RequestContext.from_headers(
-        name, headers.get(hdrs.CONTENT_TYPE), headers.get(hdrs.ACCEPT),
+        model.name, headers.get(hdrs.CONTENT_TYPE), headers.get(hdrs.ACCEPT),
         headers.get(CUSTOM_ATTRIBUTES_HEADER), settings.default_accept)
-    return Invocation(context=context, content_length=request.content_length,
-                      read_body=lambda limit: _read_body(request, limit),
+    return Invocation(wire=ToolkitWire(model.handler, context),
+                      content_length=request.content_length,
+                      read_body=lambda limit: read_body(request, limit),
                       body_arrived=request.content.is_eof())
-
-
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    """Read at most ``limit`` bytes; a chunked body past it is 413 too."""
-    if request.content_length is not None:  # already checked against the limit
-        return await request.read()
-    chunks, size = [], 0
-    async for chunk in request.content.iter_chunked(256 * 1024):
-        size += len(chunk)
-        check_payload_size(size, limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 # -- health and metrics -----------------------------------------------------------
@@ -172,17 +155,6 @@ async def metrics(request: web.Request) -> web.Response:
 
 # -- the application ----------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class Route:
-    method: str
-    path: str
-    handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    #: With MMSERVER_MANAGEMENT_TOKEN set, the route needs "Authorization: Bearer <token>".
-    #: Invocations, /ping and /metrics stay open: SageMaker authenticates callers in front of
-    #: the container, and only it manages models.
-    management: bool = False
-
-
 ROUTES = (
     Route("POST", "/models", load_model, management=True),
     Route("GET", "/models", list_models),
@@ -193,6 +165,7 @@ ROUTES = (
     Route("GET", "/ping", ping),
     Route("GET", "/metrics", metrics),
     Route("GET", "/openapi.json", openapi),
+    *http_v2.ROUTES,
 )
 
 
@@ -200,7 +173,9 @@ def create_app(settings: Settings | None = None) -> web.Application:
     """Build the application; models in ``settings.preload`` load at start-up."""
     settings = settings or Settings.from_env()
     metrics_ = Metrics()
-    app = web.Application(middlewares=[answer_errors(metrics_.request_done)],
+    protocols: dict[object, str] = {}
+    app = web.Application(middlewares=[answer_errors(metrics_.request_done,
+                                                     _protocol_of(protocols))],
                           client_max_size=settings.max_payload_bytes + 1,
                           handler_args={"lingering_time": LINGERING_SECONDS})
     app[SETTINGS] = settings
@@ -213,12 +188,24 @@ def create_app(settings: Settings | None = None) -> web.Application:
         if route.management and settings.management_token:
             handler = requires_token(handler, settings.management_token)
         if route.method == "GET":  # HEAD too, as aiohttp's add_get does
-            app.router.add_get(route.path, handler)
+            added = app.router.add_get(route.path, handler)
         else:
-            app.router.add_route(route.method, route.path, handler)
+            added = app.router.add_route(route.method, route.path, handler)
+        protocols[added.resource] = route.protocol
     app.on_startup.append(_preload)
     app.on_shutdown.append(_drain)
     return app
+
+
+def _protocol_of(protocols: dict[object, str]):
+    """Which protocol a request speaks: its route's, else (no route matched) its path's."""
+
+    def protocol_of(request: web.Request) -> str:
+        protocol = protocols.get(request.match_info.route.resource)
+        if protocol is not None:
+            return protocol
+        return V2 if http_v2.is_v2_path(request.path) else SAGEMAKER
+    return protocol_of
 
 
 async def _preload(app: web.Application) -> None:

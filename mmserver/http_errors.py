@@ -1,11 +1,20 @@
 """Errors as HTTP answers, in one place: the status of each error class, the body, the middleware.
 
-Every error leaves as ``{"code": N, "type": "...", "message": "..."}`` (the
-MMS/TorchServe shape). :data:`STATUS_BY_ERROR` maps the package's domain errors
-to status codes; an error takes the entry of the nearest class in its
-hierarchy (as Starlette looks up exception handlers), so the order of the table
-never matters. :func:`answer_errors` is the one place where an exception
-becomes a response; it also counts and logs invocations, whatever their answer.
+Two protocols share the port, and each route says which it speaks
+(``http_routes.Route.protocol``):
+
+* SageMaker's routes answer ``{"code": N, "type": "...", "message": "..."}``
+  (the MMS/TorchServe shape) with the status of :data:`STATUS_BY_ERROR`;
+* the Open Inference Protocol's (``/v2``) answer ``{"error": "..."}``, and a
+  client's mistake is 400 as in Triton: :data:`V2_STATUS_BY_ERROR` overrides
+  the statuses that differ (unknown model 404 → 400, already loaded 409 → 400...).
+  The rest (401, 408, 413, 500, 503 with ``Retry-After``, 504, 507) is shared.
+
+An error takes the entry of the nearest class in its hierarchy (as Starlette
+looks up exception handlers), a protocol's override first at each level, so
+the order of a table never matters. :func:`answer_errors` is the one place
+where an exception becomes a response; it also counts and logs invocations,
+whatever their answer.
 """
 
 from __future__ import annotations
@@ -23,6 +32,10 @@ from aiohttp import hdrs, web
 from mmserver import errors
 
 log = logging.getLogger(__name__)
+
+#: The protocols a route can speak.
+SAGEMAKER = "sagemaker"
+V2 = "v2"
 
 STATUS_BY_ERROR: dict[type[BaseException], int] = {
     errors.InvalidRequest: 400,
@@ -47,22 +60,40 @@ STATUS_BY_ERROR: dict[type[BaseException], int] = {
     errors.ModelOutOfMemory: 507,
 }
 
+#: Where the v2 protocol's status differs: Triton answers 400 for every mistake of the client.
+V2_STATUS_BY_ERROR: dict[type[BaseException], int] = {
+    errors.ModelNotFound: 400,
+    errors.RunnerClosed: 400,
+    errors.ModelUrlNotFound: 400,
+    errors.ModelAlreadyLoaded: 400,
+    errors.ModelLoading: 400,
+    errors.NotAcceptable: 400,
+    errors.UnsupportedContentType: 400,
+}
+_OVERRIDES = {SAGEMAKER: {}, V2: V2_STATUS_BY_ERROR}
+
 #: The request key under which an invocation records (model name, start time) for the count.
 INVOCATION = web.RequestKey("mmserver.invocation", tuple)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def status_for(error: BaseException) -> int | None:
+def status_for(error: BaseException, protocol: str = SAGEMAKER) -> int | None:
     """The status of the nearest class of ``error`` that has one; None for a foreign error."""
+    overrides = _OVERRIDES[protocol]
     for cls in type(error).__mro__:
+        if cls in overrides:
+            return overrides[cls]
         if cls in STATUS_BY_ERROR:
             return STATUS_BY_ERROR[cls]
     return None
 
 
 def error_response(status: int, message: str, error_type: str | None = None,
-                   headers: dict | None = None) -> web.Response:
-    body = {"code": status, "type": error_type or _reason(status), "message": message}
+                   headers: dict | None = None, protocol: str = SAGEMAKER) -> web.Response:
+    if protocol == V2:
+        body: dict[str, object] = {"error": message}
+    else:
+        body = {"code": status, "type": error_type or _reason(status), "message": message}
     return web.json_response(body, status=status, headers=headers)
 
 
@@ -73,20 +104,25 @@ def _reason(status: int) -> str:
         return "Error"
 
 
-def domain_error_response(error: errors.MMServerError) -> web.Response:
+def domain_error_response(error: errors.MMServerError,
+                          protocol: str = SAGEMAKER) -> web.Response:
     headers = None
     if isinstance(error, errors.QueueFull):
         headers = {hdrs.RETRY_AFTER: str(math.ceil(error.retry_after_seconds))}
     elif isinstance(error, errors.Unauthorized):
         headers = {hdrs.WWW_AUTHENTICATE: "Bearer"}
-    return error_response(status_for(error) or 500, str(error), type(error).__name__, headers)
+    return error_response(status_for(error, protocol) or 500, str(error), type(error).__name__,
+                          headers, protocol)
 
 
-def answer_errors(on_invocation: Callable[[str, int, float], None]):
+def answer_errors(on_invocation: Callable[[str, int, float], None],
+                  protocol_of: Callable[[web.Request], str] = lambda request: SAGEMAKER):
     """The middleware that turns every exception into a JSON answer.
 
     ``on_invocation(model_name, status, seconds)`` is called for each request that
     recorded itself under :data:`INVOCATION`, with the status it was answered.
+    ``protocol_of(request)`` says which protocol's errors a request gets (unmatched
+    paths included).
     """
 
     @web.middleware
@@ -99,15 +135,17 @@ def answer_errors(on_invocation: Callable[[str, int, float], None]):
                 raise
             response = error_response(
                 http_error.status, http_error.reason or _reason(http_error.status),
-                headers={k: v for k, v in http_error.headers.items() if k in (hdrs.ALLOW,)})
+                headers={k: v for k, v in http_error.headers.items() if k in (hdrs.ALLOW,)},
+                protocol=protocol_of(request))
         except errors.MMServerError as domain_error:
             error = domain_error
-            response = domain_error_response(domain_error)
+            response = domain_error_response(domain_error, protocol_of(request))
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - the server must answer, not die
             log.exception("unexpected error on %s %s", request.method, request.path)
-            response = error_response(500, "internal server error; see the server log")
+            response = error_response(500, "internal server error; see the server log",
+                                      protocol=protocol_of(request))
         invocation = request.get(INVOCATION)
         if invocation is not None:
             name, started = invocation

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 #: Threads per model for its own input_fn/output_fn: decoding one request while another encodes.
 CODEC_THREADS = 2
+#: The status of a model folder under the model roots that no model is loaded from.
+NOT_LOADED = "not loaded"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +38,8 @@ class ModelInfo:
 
     name: str
     url: str
-    #: ``loading``, ``ready``, ``unhealthy`` (a call is stuck) or ``unloading``.
+    #: ``loading``, ``ready``, ``unhealthy`` (a call is stuck) or ``unloading``; in the
+    #: registry's index, :data:`NOT_LOADED` for a folder of the model roots.
     status: str
     device: torch.device | None = None
     memory_bytes: int | None = None

@@ -46,6 +46,22 @@ class ModelRoots:
                 return real
         raise ModelUrlNotFound(f"url {url!r} does not exist")
 
+    def folders(self) -> dict[str, Path]:
+        """The folders directly under the roots by name (the first root's wins), those that
+        resolve inside a root."""
+        found: dict[str, Path] = {}
+        for root in self.roots:
+            try:
+                children = sorted(root.iterdir())
+            except OSError:
+                continue
+            for child in children:
+                real = Path(os.path.realpath(child))
+                if child.name not in found and real.is_dir() and any(
+                        real == r or real.is_relative_to(r) for r in self.roots):
+                    found[child.name] = real
+        return found
+
     def check_files(self, model_dir: Path) -> None:
         """Every symlink in the folder (``code/``, weights, ``mmserver.json``) stays inside a root."""
         for folder, subfolders, files in os.walk(model_dir):

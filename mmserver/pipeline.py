@@ -1,13 +1,21 @@
 """The invocation pipeline: one request's body to its encoded answer, every wait bounded.
 
-The steps, in order, and what each answers when it fails (``app`` turns the
-errors into status codes):
+The steps are the same for both protocols; what differs is the *wire*
+(:class:`Wire`): how a body becomes the runner's input and its output an
+answer. SageMaker's invocations use :class:`ToolkitWire` (the model's
+``input_fn``/``output_fn`` or the default codecs); the v2 protocol has its own
+(``http_v2``). Either way a request takes a slot in the same runner queue,
+under the same admission, payload limit and deadline, and counts as an
+invocation of the model, so unloading it waits for both kinds alike.
+
+The steps, in order, and what each answers when it fails (the HTTP layer turns
+the errors into status codes):
 
 1. **Admission, before the body is read.** A full queue (503), a stuck model
    (503) or a body whose ``Content-Length`` is over the payload limit (413)
    is refused without reading a byte, so an overloaded server spends nothing
-   on requests it would throw away. The ``Accept`` header is checked too
-   (406) when the default encoders answer.
+   on requests it would throw away. The wire checks its headers too
+   (:meth:`Wire.admit`: the ``Accept`` header, 406, when the default encoders answer).
 2. **The body**, read within ``body_timeout_seconds`` (408). A slow or
    incomplete body holds *no* queue slot: the slot is taken only once the
    body has arrived, so a thousand trickling sockets cannot fill a queue.
@@ -30,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -50,21 +58,76 @@ ENCODE_IN_THREAD_VALUES = 16_384
 
 
 @dataclasses.dataclass(frozen=True)
-class Invocation:
-    """One invoke request as the pipeline sees it: headers it needs and a way to read the body."""
+class Answer:
+    body: bytes
+    content_type: str
+    #: Headers the protocol adds to the answer (v2's Inference-Header-Content-Length).
+    headers: Mapping[str, str] | None = None
 
-    context: RequestContext
+
+class Wire:
+    """One protocol's half of an invocation: its body to the runner's input, the output back.
+
+    :meth:`decode` and :meth:`encode` may run in a worker thread, one after the other,
+    so a wire may keep what it learnt from the body for the answer (one wire per request).
+    """
+
+    #: decode/encode run the model's own code: in that model's threads, whatever the size.
+    user_code = False
+
+    def admit(self) -> None:
+        """Refuse, before the body is read, what the headers alone rule out."""
+
+    def decode(self, body: bytes) -> Any:
+        raise NotImplementedError
+
+    def encode(self, rows: Any) -> Answer:
+        raise NotImplementedError
+
+    def heavy_body(self, body: bytes, decode_in_thread_bytes: int) -> bool:
+        """Decoding costs more than a thread handoff."""
+        return len(body) >= decode_in_thread_bytes
+
+    def heavy_output(self, rows: Any) -> bool:
+        """Encoding costs more than a thread handoff."""
+        return (isinstance(rows, torch.Tensor) and rows.numel() >= ENCODE_IN_THREAD_VALUES
+                or isinstance(rows, np.ndarray) and rows.size >= ENCODE_IN_THREAD_VALUES)
+
+
+class ToolkitWire(Wire):
+    """SageMaker's invocations: the model's ``input_fn``/``output_fn``, or the default codecs."""
+
+    def __init__(self, handler: ModelHandler, context: RequestContext):
+        self.handler = handler
+        self.context = context
+        self.user_code = handler.user_codecs
+
+    def admit(self) -> None:
+        if self.handler.default_encoders:
+            codecs.negotiate(self.context.accept)
+
+    def decode(self, body: bytes) -> Any:
+        return self.handler.decode(body, self.context)
+
+    def encode(self, rows: Any) -> Answer:
+        payload, content_type = self.handler.encode(rows, self.context)
+        return Answer(payload, content_type.split(";")[0])
+
+    def heavy_body(self, body: bytes, decode_in_thread_bytes: int) -> bool:
+        return len(body) >= decode_in_thread_bytes or \
+            codecs.media_type(self.context.content_type).startswith("image/")
+
+
+@dataclasses.dataclass(frozen=True)
+class Invocation:
+    """One invoke request as the pipeline sees it: its wire and a way to read the body."""
+
+    wire: Wire
     content_length: int | None
     #: Reads the whole body, raising PayloadTooLarge past the given number of bytes.
     read_body: Callable[[int], Awaitable[bytes]]
     #: The whole body is already buffered (the common small request): no timeout needed.
     body_arrived: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class Answer:
-    body: bytes
-    content_type: str
 
 
 def check_payload_size(size: int, limit: int) -> None:
@@ -86,13 +149,12 @@ class InvocationPipeline:
         self.decode_pool.close()
 
     async def run(self, model: LoadedModel, invocation: Invocation) -> Answer:
-        settings, context = self.settings, invocation.context
-        runner, handler, codec_pool = model.runner, model.handler, model.codec_pool
+        settings, wire = self.settings, invocation.wire
+        runner, codec_pool = model.runner, model.codec_pool
         if invocation.content_length is not None:
             check_payload_size(invocation.content_length, settings.max_payload_bytes)
         runner.check_admission()
-        if handler.default_encoders:
-            codecs.negotiate(context.accept)
+        wire.admit()
         if invocation.body_arrived:
             body = await invocation.read_body(settings.max_payload_bytes)
         else:
@@ -102,24 +164,28 @@ class InvocationPipeline:
         deadline = asyncio.get_running_loop().time() + settings.model_server_timeout_seconds
         try:
             with model.invocation(), runner.reserve() as slot:
-                pool = self._decode_pool(handler, codec_pool, body, context)
-                if pool is None:  # small bodies: a thread handoff would cost more
-                    data = handler.decode(body, context)
-                else:
-                    data = await _before(deadline, pool.run(handler.decode, body, context))
+                if wire.user_code:
+                    pool = codec_pool
+                elif wire.heavy_body(body, settings.decode_in_thread_bytes):
+                    pool = self.decode_pool
+                else:  # small bodies: a thread handoff would cost more
+                    pool = None
+                data = wire.decode(body) if pool is None else \
+                    await _before(deadline, pool.run(wire.decode, body))
                 rows = await slot.submit(data, deadline=deadline)
-                pool = self._encode_pool(handler, codec_pool, rows)
-                if pool is None:
-                    payload, content_type = handler.encode(rows, context)
+                if wire.user_code:
+                    pool = codec_pool
+                elif wire.heavy_output(rows):
+                    pool = self.decode_pool
                 else:
-                    payload, content_type = await _before(
-                        deadline, pool.run(handler.encode, rows, context))
+                    pool = None
+                return wire.encode(rows) if pool is None else \
+                    await _before(deadline, pool.run(wire.encode, rows))
         except InvocationTimeout:
             raise InvocationTimeout(
                 f"model {model.name!r} did not answer within "
                 f"{settings.model_server_timeout_seconds:g} s "
                 "(SAGEMAKER_MODEL_SERVER_TIMEOUT)") from None
-        return Answer(payload, content_type.split(";")[0])
 
     async def _read_body(self, invocation: Invocation) -> bytes:
         timeout = self.settings.body_timeout_seconds
@@ -129,26 +195,6 @@ class InvocationPipeline:
         except TimeoutError:
             raise BodyTimeout(f"the request body did not arrive within {timeout:g} s "
                               "(MMSERVER_BODY_TIMEOUT)") from None
-
-    def _decode_pool(self, handler: ModelHandler, codec_pool: WorkerPool, body: bytes,
-                     context: RequestContext) -> WorkerPool | None:
-        """Where to decode: the model's threads (user code), the decode threads, or here."""
-        if handler.user_codecs:
-            return codec_pool
-        if len(body) >= self.settings.decode_in_thread_bytes or \
-                codecs.media_type(context.content_type).startswith("image/"):
-            return self.decode_pool
-        return None
-
-    def _encode_pool(self, handler: ModelHandler, codec_pool: WorkerPool,
-                     rows: Any) -> WorkerPool | None:
-        """Where to encode: the model's threads (user code), the decode threads, or here."""
-        if handler.user_codecs:
-            return codec_pool
-        if (isinstance(rows, torch.Tensor) and rows.numel() >= ENCODE_IN_THREAD_VALUES
-                or isinstance(rows, np.ndarray) and rows.size >= ENCODE_IN_THREAD_VALUES):
-            return self.decode_pool
-        return None
 
 
 async def _before(deadline: float, work: asyncio.Future) -> Any:

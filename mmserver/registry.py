@@ -4,8 +4,10 @@ A name is *taken* from the moment its load starts until its unload has freed
 the model, so it is never loaded twice (409). Before a load the registry asks
 the url sandbox (``model_roots``) and the capacity policy (``capacity``); the
 load itself is ``loader``'s and a model's life is its own (``loaded_model``).
-Listing pages by an opaque cursor. Domain errors only; the HTTP layer maps
-them to status codes.
+Listing pages by an opaque cursor. The index (:meth:`ModelRegistry.index`) lists
+the model roots' folders beside the loaded models, for Triton's repository
+extension, which loads a folder by its name (:meth:`ModelRegistry.load_folder`).
+Domain errors only; the HTTP layer maps them to status codes.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from mmserver.errors import (
     ModelNotFound,
     ModelUrlNotFound,
 )
-from mmserver.loaded_model import LoadedModel, ModelInfo
+from mmserver.handlers import is_model_folder
+from mmserver.loaded_model import NOT_LOADED, LoadedModel, ModelInfo
 from mmserver.loader import load_model
 from mmserver.model_roots import ModelRoots
 from mmserver.requirements import RequirementsCache
@@ -92,6 +95,16 @@ class ModelRegistry:
         """Load the model directory ``url`` as ``name`` (checked against the model roots)."""
         validate_name(name)
         return await self._load(name, url, self.roots.resolve(url))
+
+    async def load_folder(self, name: str) -> LoadedModel:
+        """Load the folder ``name`` of a model root as ``name``; a model already loaded
+        from that folder under that name is returned as it is, not loaded again."""
+        validate_name(name)
+        path = self.roots.resolve(name)
+        existing = self._models.get(name)
+        if isinstance(existing, LoadedModel) and not existing.unloading and existing.path == path:
+            return existing
+        return await self._load(name, name, path)
 
     async def load_single(self, name: str, model_dir: Path) -> LoadedModel:
         """Single-model mode: the model SageMaker unpacked into /opt/ml/model."""
@@ -154,6 +167,18 @@ class ModelRegistry:
         """Models that serve (an unhealthy one included: it answers 503 while stuck)."""
         return [m for m in self._models.values()
                 if isinstance(m, LoadedModel) and not m.unloading]
+
+    def index(self) -> list[ModelInfo]:
+        """The model roots' model folders and the registry's models, sorted by name.
+
+        A folder no model of its name comes from has the status :data:`NOT_LOADED`;
+        a model's own entry wins over a folder of its name.
+        """
+        entries = {name: ModelInfo(name=name, url=name, status=NOT_LOADED)
+                   for name, path in self.roots.folders().items()
+                   if MODEL_NAME.fullmatch(name) and is_model_folder(path, self.settings.program)}
+        entries.update((name, model.info()) for name, model in self._models.items())
+        return [entries[name] for name in sorted(entries)]
 
     def page(self, limit: int | None = None,
              next_page_token: str | None = None) -> tuple[list[LoadedModel], str | None]:
