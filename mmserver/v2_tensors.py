@@ -170,6 +170,8 @@ def _json_object(raw: bytes, *, binary_expected: bool) -> dict:
         raise InvalidRequest(f"the request's JSON is not UTF-8: {error}{hint}") from None
     except json.JSONDecodeError as error:
         raise InvalidRequest(f"the request is not valid JSON: {error}{hint}") from None
+    except RecursionError:
+        raise InvalidRequest("the request's JSON is nested too deeply") from None
     if not isinstance(header, dict):
         raise InvalidRequest(f"the request must be a JSON object, got {type(header).__name__}")
     return header
@@ -261,22 +263,38 @@ def tensor_from_json(data: object, dtype: torch.dtype, shape: list[int], count: 
         raise InvalidInput(f"input {name!r}: shape {shape} holds {count} elements, "
                            f"but data has {array.size}")
     family = "bool" if dtype == torch.bool else "float" if dtype.is_floating_point else "int"
-    if array.size and array.dtype.kind not in _JSON_KINDS[family]:
+    # NumPy reads integers past int64 (UINT64's top half) as floats or Python objects.
+    if family == "int" and array.dtype.kind in "fO" and _all_of(data, (int,)):
+        array = np.array(data, dtype=object)
+    elif family == "float" and array.dtype.kind == "O" and _all_of(data, (int, float)):
+        array = np.array(data, dtype=np.float64)
+    elif array.size and array.dtype.kind not in _JSON_KINDS[family]:
         wanted = {"bool": "true or false", "int": "integers", "float": "numbers"}[family]
         raise InvalidInput(f"input {name!r}: {DATATYPE_OF[dtype]} data must be {wanted}, "
                            f"got {_kind_name(array)}")
     if family == "int" and array.size:
-        info = torch.iinfo(dtype)
-        low, high = int(array.min()), int(array.max())
-        if low < info.min or high > info.max:
-            raise InvalidInput(f"input {name!r}: {low if low < info.min else high} does not "
-                               f"fit {DATATYPE_OF[dtype]}")
+        array = _integers(data, array, dtype, name)
     tensor = torch.from_numpy(np.ascontiguousarray(array)).to(dtype).reshape(shape)
     if family == "float" and not bool(torch.isfinite(tensor).all()):
         raise InvalidInput(f"input {name!r}: data holds a number too large for "
                            f"{DATATYPE_OF[dtype]}, or NaN or infinity (which JSON cannot carry; "
                            "send such values as binary data)")
     return tensor
+
+
+def _all_of(data: list, kinds: tuple[type, ...]) -> bool:
+    return all(isinstance(v, kinds) and not isinstance(v, bool)
+               for v in np.array(data, dtype=object).flat)
+
+
+def _integers(data: list, array: np.ndarray, dtype: torch.dtype, name: str) -> np.ndarray:
+    """Integer data as the datatype's NumPy array; a value that does not fit is refused."""
+    info = torch.iinfo(dtype)
+    low, high = int(array.min()), int(array.max())
+    if low < info.min or high > info.max:
+        raise InvalidInput(f"input {name!r}: {low if low < info.min else high} does not "
+                           f"fit {DATATYPE_OF[dtype]}")
+    return np.array(data, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
 
 
 def tensor_from_bytes(raw: memoryview, dtype: torch.dtype, shape: list[int], count: int,
