@@ -33,6 +33,21 @@ def assert_error(answer, status: int, error_type: str | None = None) -> dict:
     return body
 
 
+def assert_v2_error(answer, status: int) -> str:
+    """Assert that ``answer`` is an error answer of the ``/v2`` routes, and return its message.
+
+    ``answer`` as for :func:`assert_error`. The v2 protocol's shape is Triton's,
+    ``{"error": "..."}``, which ``tritonclient`` parses, with a message that says something.
+    """
+    got, *_, body = answer
+    if isinstance(body, (bytes, str)):
+        body = json.loads(body)
+    assert got == status, (got, body)
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    assert isinstance(body["error"], str) and body["error"], body
+    return body["error"]
+
+
 def assert_same_answer(batched, alone, *, exact: bool = False, decimals: int | None = None):
     """Assert that rows answered in a batch got the answer the same rows get alone.
 
