@@ -183,7 +183,7 @@ class V2Wire(Wire):
         self.handler = handler
         self.signature: Signature = handler.signature
         self.header_length = header_length
-        self.context = RequestContext(model.name, content_type or JSON_TYPE, JSON_TYPE)
+        self.context = RequestContext(model.name, content_type, JSON_TYPE)
         self.request: v2_tensors.InferRequest | None = None
 
     def decode(self, body: bytes) -> Any:
