@@ -242,7 +242,8 @@ def test_model_ready_and_versions(server, client):
 def test_infer_with_the_sync_client(client, rows, binary_in, binary_out):
     x = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3) - 4.5
     result = client.infer("affine", [infer_input("INPUT__0", x, binary_in)],
-                          outputs=[requested("OUTPUT__0", binary_out)], request_id=f"r{rows}")
+                          outputs=[requested("OUTPUT__0", binary_out)], request_id=f"r{rows}",
+                          model_version="1" if rows > 1 else "")
     np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), affine(x))
     response = result.get_response()
     assert response["id"] == f"r{rows}" and response["model_name"] == "affine"
@@ -447,6 +448,34 @@ def test_a_model_loaded_by_either_protocol_serves_both(server, client, v2_root):
     finally:
         client.unload_model("sm-loaded")
     assert server.json("GET", "/models/sm-loaded")[0] == 404
+
+
+def test_every_route_with_the_aio_client(server, client):
+    x = np.array([[1.5, -2.0]], dtype=np.float32)
+
+    async def go():
+        async with triton_aio.InferenceServerClient(address(server)) as aio:
+            assert await aio.is_server_live() and await aio.is_server_ready()
+            assert (await aio.get_server_metadata())["extensions"] == [
+                "binary_tensor_data", "model_repository"]
+            assert await aio.get_model_metadata("affine", "1") == \
+                await aio.get_model_metadata("affine")
+            assert await aio.is_model_ready("affine", "1")
+            await aio.load_model("v2loaded")
+            ready = await aio.is_model_ready("v2loaded")
+            index = {e["name"]: e["state"] for e in await aio.get_model_repository_index()}
+            versioned = await aio.infer("v2loaded", [infer_input("INPUT__0", x, False)],
+                                        model_version="1")
+            await aio.unload_model("v2loaded")
+            return ready, index, versioned.as_numpy("OUTPUT__0"), \
+                await aio.is_model_ready("v2loaded")
+
+    ready, index, answer, ready_after = asyncio.run(go())
+    assert ready and index["v2loaded"] == "READY" and not ready_after
+    np.testing.assert_array_equal(answer, affine(x))
+    assert client.get_model_repository_index()[-1]["name"] == "v2loaded"
+    assert {e["name"]: e["state"] for e in client.get_model_repository_index()}["v2loaded"] == \
+        "UNAVAILABLE"
 
 
 def test_the_repository_index_lists_the_model_roots_folders(server, client):
