@@ -111,54 +111,72 @@ def generator_name() -> str:
 
 def closed_loop(url: str, body: bytes, content_type: str, *, connections: int,
                 seconds: float, headers: dict[str, str] | None = None) -> dict[str, float]:
-    """Saturate ``url`` with ``connections`` clients; requests/s and non-2xx count."""
-    headers = {"Content-Type": content_type, **(headers or {})}
+    """Saturate ``url`` with ``connections`` clients: requests/s, p50/p99 ms, non-2xx count."""
+    return latency_window(url, body, {"Content-Type": content_type, **(headers or {})},
+                          connections, seconds)
+
+
+def latency_window(url: str, body: bytes, headers: dict[str, str], users: int,
+                   seconds: float) -> dict[str, float]:
+    """One closed-loop window of ``users`` clients POSTing ``body`` with ``headers``.
+
+    Returns ``rps``, ``p50_ms``, ``p99_ms`` and ``non_2xx``; wrk on the load core when
+    installed, else an aiohttp loop.
+    """
     if shutil.which("wrk"):
-        return _wrk(url, body, headers, connections, seconds)
-    return asyncio.run(_aiohttp_loop(url, body, headers, connections, seconds))
+        return _wrk(url, body, headers, users, seconds)
+    return asyncio.run(_aiohttp_window(url, body, headers, users, seconds))
 
 
-def _wrk(url, body, headers, connections, seconds) -> dict[str, float]:
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
+
+
+def _ms(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()
+    return float(value) * _UNITS[unit]
+
+
+def _wrk(url, body, headers, users, seconds) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         body_file = Path(tmp) / "body"
         body_file.write_bytes(body)
         script = Path(tmp) / "post.lua"
-        script.write_text(
-            'wrk.method = "POST"\n'
-            + "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in headers.items())
-            + f'local f = io.open("{body_file}", "rb")\nwrk.body = f:read("*all")\nf:close()\n')
-        result = subprocess.run(
-            [*taskset_prefix(LOAD_CPU), "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s",
-             "--latency", "-s", str(script), url],
-            capture_output=True, text=True, check=True)
-    out = result.stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+        script.write_text('wrk.method = "POST"\n'
+                          + "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in headers.items())
+                          + f'local f = io.open("{body_file}", "rb")\n'
+                          'wrk.body = f:read("*all")\nf:close()\n')
+        out = subprocess.run(
+            [*taskset_prefix(LOAD_CPU), "wrk", "-t1", f"-c{users}",
+             f"-d{max(1, round(seconds))}s", "--timeout", "10s", "--latency", "-s", str(script),
+             url], capture_output=True, text=True, check=True).stdout
+    percentile = dict(re.findall(r"^\s*(50|99)(?:\.0+)?%\s+([\d.]+(?:us|ms|s|m))", out, re.M))
     non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    errors = re.search(r"Socket errors:.*", out)
-    return {"rps": rps, "non_2xx": int(non_2xx.group(1)) if non_2xx else 0,
-            "socket_errors": errors.group(0) if errors else ""}
+    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            "p50_ms": _ms(percentile["50"]) if "50" in percentile else float("nan"),
+            "p99_ms": _ms(percentile["99"]) if "99" in percentile else float("nan"),
+            "non_2xx": int(non_2xx.group(1)) if non_2xx else 0}
 
 
-async def _aiohttp_loop(url, body, headers, connections, seconds) -> dict[str, float]:
+async def _aiohttp_window(url, body, headers, users, seconds) -> dict[str, float]:
     import aiohttp
 
-    done = non_2xx = 0
+    latencies, non_2xx = [], 0
     deadline = time.perf_counter() + seconds
 
-    async def client(session):
-        nonlocal done, non_2xx
-        while time.perf_counter() < deadline:
+    async def user(session):
+        nonlocal non_2xx
+        while (started := time.perf_counter()) < deadline:
             async with session.post(url, data=body, headers=headers) as response:
                 await response.read()
-                done += 1
-                non_2xx += response.status >= 300
+            latencies.append(time.perf_counter() - started)
+            non_2xx += response.status >= 300
 
-    started = time.perf_counter()
-    connector = aiohttp.TCPConnector(limit=connections)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        await asyncio.gather(*(client(session) for _ in range(connections)))
-    return {"rps": done / (time.perf_counter() - started), "non_2xx": non_2xx,
-            "socket_errors": ""}
+    began = time.perf_counter()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=users)) as session:
+        await asyncio.gather(*(user(session) for _ in range(users)))
+    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
+    return {"rps": len(latencies) / (time.perf_counter() - began), "p50_ms": q[49] * 1e3,
+            "p99_ms": q[98] * 1e3, "non_2xx": non_2xx}
 
 
 def saturate_model(base: str, name: str, body: bytes, content_type: str, *, connections: int,
