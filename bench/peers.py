@@ -19,13 +19,26 @@ about 12 KB); the load generator runs on core 1. The peers:
   on the event loop mmserver runs on (uvloop when installed), so it is a limit for it;
 * ``torchserve``: TorchServe (when ``torchserve`` and ``java`` are installed, e.g.
   ``pip install torchserve torch-model-archiver``) with batchSize 16, maxBatchDelay 5 ms,
-  one worker, a handler that ``np.load``-s each body (written by this script).
+  one worker, a handler that ``np.load``-s each body (written by this script);
+* ``ray``: Ray Serve (when ``ray[serve]`` is installed): a local single-node cluster of one
+  CPU started inside the pinned process (``ray.init(num_cpus=1)``), its HTTP proxy on
+  ``/``, one replica, no autoscaling, ``@serve.batch(max_batch_size=16,
+  batch_wait_timeout_s=0.005)`` around the model call, ``max_ongoing_requests`` 256
+  (Serve's default of 5 would cap every batch at 5);
+* ``litserve``: LitServe (when ``litserve`` is installed) on ``/predict``: its own batching
+  (``max_batch_size=16, batch_timeout=0.005``), ``accelerator="cpu"``, one inference
+  worker (``workers_per_device=1``) and one API server, its default queues between them.
+
+The last two live in ``bench/peer_servers.py``. Every peer, optional ones included
+(``pip install -e '.[peers]'`` installs them), answers the same JSON row list, and a peer
+whose package is missing is skipped with a printed line.
 
 All servers are started at once, then for 1, 8 and 32 closed-loop users the script runs
 rounds of equal windows alternating between the servers (the order rotates each
 round). During a server's window every other server is paused (SIGSTOP to its whole
 process tree, SIGCONT after), so an "idle" peer really costs nothing: TorchServe's Java
-frontend keeps threads busy on the shared core even when no request comes. On a shared
+frontend keeps threads busy on the shared core even when no request comes, as do Ray's
+controller and agents and LitServe's inference worker, which polls its queue. On a shared
 machine whose speed drifts, a ratio within one round means more than any single figure,
 so the summary is the median over rounds of ``mmserver req/s / peer req/s`` (and of
 ``mmserver-measured``'s). Each window reports requests/s, p50 and p99.
@@ -37,7 +50,7 @@ Writes ``peers.csv`` (one line per window) and ``peers.md`` (the tables) to ``--
 (default ``results/peers``; in quick mode, ``MMSERVER_QUICK=1``, a temporary folder
 unless ``--out`` is given).
 
-Usage: python bench/peers.py [--seconds 10] [--rounds 4] [--users 1,8,32] [--only mmserver,book]
+Usage: python bench/peers.py [--seconds 10] [--rounds 4] [--users 1,8,32] [--only mmserver,ray]
 """
 
 from __future__ import annotations
@@ -46,6 +59,7 @@ import argparse
 import asyncio
 import contextlib
 import csv
+import importlib.util
 import io
 import json
 import os
@@ -74,9 +88,12 @@ MAX_WAIT_MS = 5
 MAX_QUEUE_SIZE = 256
 QUICK = os.environ.get("MMSERVER_QUICK") == "1"
 BOOK_SERVER = harness.REPO / "notebooks" / "book_server.py"
-PEERS = ("mmserver", "mmserver-measured", "book", "nobatch", "bare", "torchserve")
+PEER_SERVERS = Path(__file__).resolve().parent / "peer_servers.py"
+PEERS = ("mmserver", "mmserver-measured", "book", "nobatch", "bare", "torchserve", "ray",
+         "litserve")
 OURS = ("mmserver", "mmserver-measured")
 ANSWER = b"[[" + b",".join(b"0.0" for _ in range(10)) + b"]]"
+NPY = {"Content-Type": "application/x-npy"}
 
 
 def npy(array: np.ndarray) -> bytes:
@@ -86,7 +103,7 @@ def npy(array: np.ndarray) -> bytes:
 
 
 ROW = np.random.default_rng(0).random(INPUT_SHAPE, dtype=np.float32)
-BODY = npy(ROW[None])      # one row with its batch dimension: mmserver, nobatch, bare, torchserve
+BODY = npy(ROW[None])      # one row with its batch dimension: all but the book
 BOOK_BODY = npy(ROW)       # one input without it: the book's runner stacks inputs
 
 
@@ -104,36 +121,36 @@ class ScriptServer(ServerProcess):
                 *self.args]
 
 
-class TorchServe(ServerProcess):
-    """``torchserve --foreground`` with a config written into ``workdir``; pinned like the rest.
+class PeerProcess(ServerProcess):
+    """A peer started by its own command line, pinned like the rest; ``command`` is the peer's.
 
-    TorchServe's launcher starts a Java frontend, which starts the Python worker: on
-    stop every process of that tree is ended, by id.
+    Ready once ``invoke_path`` answers the benchmark's body with 200: a health route, where
+    a peer has one, may answer before its model is up. The frameworks start more processes
+    (TorchServe's Java frontend and Python worker, Ray's cluster and actors, LitServe's API
+    server and inference worker): on stop every process of the tree is ended, by id.
     """
 
-    def __init__(self, workdir: Path, model_dir: Path, **kwargs):
-        super().__init__([], cwd=workdir, **kwargs)
-        self.workdir, self.model_dir = workdir, model_dir
-        self.config = _torchserve_config(workdir, model_dir, self.port)
+    invoke_path = "/"
 
-    def command(self) -> list[str]:
-        return [*self.pinning, "torchserve", "--start", "--foreground", "--ncs",
-                "--disable-token-auth", "--model-store", str(self.workdir / "store"),
-                "--ts-config", str(self.config), "--models", "cnn=cnn.mar"]
-
-    def start(self, timeout: float = 180) -> TorchServe:
-        super().start(timeout)
-        deadline = time.monotonic() + timeout  # /ping answers before the worker is up
-        while time.monotonic() < deadline:
+    def start(self, timeout: float = 240) -> PeerProcess:
+        if self.log_path is None:
+            handle, name = tempfile.mkstemp(prefix=f"peer-{self.port}-", suffix=".log")
+            os.close(handle)
+            self.log_path = Path(name)
+        self._log_file = open(self.log_path, "wb")
+        self.process = subprocess.Popen(self.command(), stdout=self._log_file,
+                                        stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.process.poll() is None:
             try:
-                if http_request(self.url, "POST", "/predictions/cnn", BODY)[0] == 200:
+                if http_request(self.url, "POST", self.invoke_path, BODY, NPY, timeout=5)[0] == 200:
                     return self
             except OSError:
                 pass
             time.sleep(0.5)
         self.stop(signal.SIGKILL)
-        raise TimeoutError(f"TorchServe's model did not answer within {timeout} s:\n"
-                           f"{self.log()[-4000:]}")
+        raise RuntimeError(f"{' '.join(self.command())} did not answer POST {self.invoke_path} "
+                           f"with 200 within {timeout} s:\n{self.log()[-4000:]}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         import psutil
@@ -147,6 +164,36 @@ class TorchServe(ServerProcess):
             with contextlib.suppress(psutil.Error):
                 child.kill()
         return code
+
+
+class PythonPeer(PeerProcess):
+    """``bench/peer_servers.py ray|litserve`` with this script's batch settings."""
+
+    def __init__(self, kind: str, invoke_path: str, model_dir: Path, **kwargs):
+        super().__init__([kind, "--model-dir", str(model_dir), "--max-batch-size",
+                          str(MAX_BATCH_SIZE), "--max-wait-ms", str(MAX_WAIT_MS),
+                          "--max-queue-size", str(MAX_QUEUE_SIZE)], **kwargs)
+        self.invoke_path = invoke_path
+
+    def command(self) -> list[str]:
+        return [*self.pinning, sys.executable, str(PEER_SERVERS), self.args[0], "--port",
+                str(self.port), *self.args[1:]]
+
+
+class TorchServe(PeerProcess):
+    """``torchserve --foreground`` with a config written into ``workdir``."""
+
+    invoke_path = "/predictions/cnn"
+
+    def __init__(self, workdir: Path, model_dir: Path, **kwargs):
+        super().__init__([], cwd=workdir, **kwargs)
+        self.workdir, self.model_dir = workdir, model_dir
+        self.config = _torchserve_config(workdir, model_dir, self.port)
+
+    def command(self) -> list[str]:
+        return [*self.pinning, "torchserve", "--start", "--foreground", "--ncs",
+                "--disable-token-auth", "--model-store", str(self.workdir / "store"),
+                "--ts-config", str(self.config), "--models", "cnn=cnn.mar"]
 
 
 TORCHSERVE_HANDLER = '''\
@@ -210,6 +257,10 @@ def torchserve_available() -> bool:
     return all(shutil.which(tool) for tool in ("torchserve", "torch-model-archiver", "java"))
 
 
+def installed(*modules: str) -> bool:
+    return all(importlib.util.find_spec(module) is not None for module in modules)
+
+
 def make_servers(root: Path, names: list[str]) -> dict[str, tuple[ServerProcess, str, bytes]]:
     """name -> (server, invoke path, body). Not started."""
     pin = {"env": harness.ONE_THREAD, "cpus": harness.SERVER_CPU}
@@ -237,7 +288,29 @@ def make_servers(root: Path, names: list[str]) -> dict[str, tuple[ServerProcess,
                                      "/predictions/cnn", BODY)
         else:
             print("torchserve: skipped (needs torchserve, torch-model-archiver and java)")
+    for kind, path, modules, needs in (("ray", "/", ("ray", "starlette", "uvicorn"), "ray[serve]"),
+                                       ("litserve", "/predict", ("litserve",), "litserve")):
+        if kind in names:
+            if installed(*modules):
+                servers[kind] = (PythonPeer(kind, path, model_dir, cwd=harness.REPO, **pin),
+                                 path, BODY)
+            else:
+                print(f"{kind}: skipped (needs {needs})")
     return servers
+
+
+def check_answers(servers: dict, model_dir: Path) -> None:
+    """Every server but ``bare`` answers the model's own row for the body: the same work."""
+    model = torch.jit.load(str(model_dir / "model.pt"), map_location="cpu").eval()
+    with torch.inference_mode():
+        expected = model(torch.from_numpy(ROW[None])).numpy().reshape(-1)
+    for name, (server, path, body) in servers.items():
+        if name == "bare":
+            continue
+        status, _, raw = http_request(server.url, "POST", path, body, NPY)
+        got = np.asarray(json.loads(raw) if status == 200 else [], dtype=np.float32).reshape(-1)
+        if got.shape != expected.shape or not np.allclose(got, expected, atol=1e-5):
+            raise RuntimeError(f"{name} answered {status} {raw[:200]!r}, not the model's row")
 
 
 def serve_book(argv: list[str]) -> None:
@@ -458,6 +531,7 @@ def main() -> None:
         for name, (server, _, _) in servers.items():
             stack.enter_context(harness.serving(server))
         names = [n for n in names if n in servers]
+        check_answers(servers, root / "cnn")
         _pinned_load_generator()
         for n_users in users:
             for name in names:  # warm-up: connections, allocator, first batches
