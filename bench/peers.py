@@ -63,7 +63,6 @@ import importlib.util
 import io
 import json
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -364,62 +363,10 @@ def serve_peer(kind: str, port: int, model_dir: Path) -> None:
 
 # -- the load ----------------------------------------------------------------------
 
-_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
-
-
-def _ms(text: str) -> float:
-    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()
-    return float(value) * _UNITS[unit]
-
-
 def load(url: str, body: bytes, users: int, seconds: float) -> dict[str, float]:
     """One closed-loop window: requests/s, p50 and p99 in ms, non-2xx answers."""
-    if shutil.which("wrk"):
-        return _wrk(url, body, users, seconds)
-    return asyncio.run(_aiohttp_window(url, body, users, seconds))
-
-
-def _wrk(url: str, body: bytes, users: int, seconds: float) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "body").write_bytes(body)
-        script = Path(tmp) / "post.lua"
-        script.write_text('wrk.method = "POST"\n'
-                          'wrk.headers["Content-Type"] = "application/x-npy"\n'
-                          f'local f = io.open("{Path(tmp) / "body"}", "rb")\n'
-                          'wrk.body = f:read("*all")\nf:close()\n')
-        out = subprocess.run(
-            [*harness.taskset_prefix(harness.LOAD_CPU), "wrk", "-t1", f"-c{users}",
-             f"-d{max(1, round(seconds))}s", "--timeout", "10s", "--latency", "-s", str(script),
-             url], capture_output=True, text=True, check=True).stdout
-    percentile = dict(re.findall(r"^\s*(50|99)(?:\.0+)?%\s+([\d.]+(?:us|ms|s|m))", out, re.M))
-    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-            "p50_ms": _ms(percentile["50"]) if "50" in percentile else float("nan"),
-            "p99_ms": _ms(percentile["99"]) if "99" in percentile else float("nan"),
-            "non_2xx": int(non_2xx.group(1)) if non_2xx else 0}
-
-
-async def _aiohttp_window(url: str, body: bytes, users: int, seconds: float) -> dict[str, float]:
-    import aiohttp
-
-    latencies, non_2xx = [], 0
-    deadline = time.perf_counter() + seconds
-
-    async def user(session):
-        nonlocal non_2xx
-        while (started := time.perf_counter()) < deadline:
-            async with session.post(url, data=body,
-                                    headers={"Content-Type": "application/x-npy"}) as response:
-                await response.read()
-            latencies.append(time.perf_counter() - started)
-            non_2xx += response.status >= 300
-
-    began = time.perf_counter()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=users)) as session:
-        await asyncio.gather(*(user(session) for _ in range(users)))
-    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
-    return {"rps": len(latencies) / (time.perf_counter() - began), "p50_ms": q[49] * 1e3,
-            "p99_ms": q[98] * 1e3, "non_2xx": non_2xx}
+    return harness.latency_window(url, body, {"Content-Type": "application/x-npy"}, users,
+                                  seconds)
 
 
 def _pinned_load_generator() -> None:

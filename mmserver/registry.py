@@ -42,13 +42,6 @@ from mmserver.requirements import RequirementsCache
 
 log = logging.getLogger(__name__)
 
-#: Letters, digits, '.', '_' and '-', starting with a letter or digit (no '/' and no '..').
-MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-DEFAULT_PAGE_LIMIT = 100
-MAX_PAGE_LIMIT = 1000
-_TOKEN_PREFIX = "after:"
-
-
 @dataclasses.dataclass(eq=False)
 class Loading:
     """A name whose load is under way: it holds its estimated memory and refuses a second load."""
@@ -60,6 +53,13 @@ class Loading:
 
     def info(self) -> ModelInfo:
         return ModelInfo(name=self.name, url=self.url, status=self.status)
+
+
+#: Letters, digits, '.', '_' and '-', starting with a letter or digit (no '/' and no '..').
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+DEFAULT_PAGE_LIMIT = 100
+MAX_PAGE_LIMIT = 1000
+_TOKEN_PREFIX = "after:"
 
 
 def pick_device(requested: str | None) -> torch.device:
