@@ -213,7 +213,7 @@ def test_the_unpacked_archive_loads_in_mmserver_and_answers(tmp_path):
         status, answer = server.json("POST", "/models",
                                      {"model_name": model_name, "url": str(unpacked)},
                                      headers={"X-Amzn-SageMaker-Target-Model": "affine.tar.gz"})
-        assert (status, answer) == (200, {"status": f"model {model_name!r} loaded",
+        assert (status, answer) == (200, {"status": f'Model "{model_name}" registered',
                                           "modelName": model_name,
                                           "modelUrl": str(unpacked)})
         status, answer = server.invoke(
