@@ -218,3 +218,21 @@ class InProcessServer(ModelServerClient):
     def close(self) -> None:
         self.loop.run_until_complete(self.client.close())
         self.loop.close()
+
+
+@pytest.fixture
+def loaded(server, root):
+    """``loaded(folder, name=None)`` loads ``root / folder`` into the module's ``server``; every
+    model it loaded is unloaded after the test."""
+    names = []
+
+    def load(folder, name=None):
+        name = name or folder
+        status, body = server.load(name, root / folder)
+        assert status == 200, body
+        names.append(name)
+        return name
+
+    yield load
+    for name in names:
+        server.request("DELETE", f"/models/{name}")

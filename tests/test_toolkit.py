@@ -305,22 +305,6 @@ def server(root):
         yield s
 
 
-@pytest.fixture
-def loaded(server, root):
-    names = []
-
-    def load(folder, name=None):
-        name = name or folder
-        status, body = server.load(name, root / folder)
-        assert status == 200, body
-        names.append(name)
-        return name
-
-    yield load
-    for name in names:
-        server.request("DELETE", f"/models/{name}")
-
-
 def post(server, name, body, content_type="application/json", accept=None, headers=None):
     all_headers = {"Content-Type": content_type, **(headers or {})}
     if accept is not None:

@@ -228,22 +228,6 @@ def server(root):
         yield s
 
 
-@pytest.fixture
-def loaded(server, root):
-    names = []
-
-    def load(folder, name=None):
-        name = name or folder
-        status, body = server.load(name, root / folder)
-        assert status == 200, body
-        names.append(name)
-        return name
-
-    yield load
-    for name in names:
-        server.request("DELETE", f"/models/{name}")
-
-
 def post(server, name, body, content_type: str | None = JSON, accept: str | None = None):
     headers = {}
     if content_type is not None:
