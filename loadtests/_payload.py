@@ -29,6 +29,10 @@ ROW_SHAPES = {
     "standin": (1, 16),
     "resnet18-224": (1, 3, 224, 224),
     "resnet50-224": (1, 3, 224, 224),
+    "simulated-v100": (1, 16),
+    # two models sharing one simulated GPU (loadtests/shared_device.py)
+    "simulated-v100-a": (1, 16),
+    "simulated-v100-b": (1, 16),
 }
 
 
@@ -42,6 +46,8 @@ PAYLOADS = {
     "standin": ("application/x-npy", _npy("standin")),
     "resnet18-224": ("application/x-npy", _npy("resnet18-224")),
     "resnet50-224": ("application/x-npy", _npy("resnet50-224")),
+    **{name: ("application/x-npy", _npy(name))
+       for name in ("simulated-v100", "simulated-v100-a", "simulated-v100-b")},
     "tabular": ("application/json", lambda: _json([[round(0.1 * i, 1) for i in range(16)]])),
     "digits": ("application/json", lambda: _json([[(i * 7) % 17 for i in range(64)]])),
 }

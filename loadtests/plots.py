@@ -23,9 +23,15 @@ needs no display):
     p99 and throughput against offered load, measured points over the
     predictions of ``loadtests.queueing``.
 
-``recommend(rows, budget_ms)`` picks the setting that sustains the highest
-offered load with p99 within the budget and nothing shed or failed (near-ties
-go to the setting with the most headroom);
+Repeats. A *configuration* is what the server effectively did: policy,
+MAX_BATCH_SIZE and the *effective* MAX_WAIT (``effective_max_wait_ms``:
+greedy's wait applies only to bodies decoded in a thread, so for small bodies
+greedy at 0, 5 or 20 ms is one configuration). Rows of one configuration at
+one offered load are repeats of one point; ``points(rows)`` merges them into
+one row holding the median of each measurement, with ``p99_min_ms``,
+``p99_max_ms`` and ``repeats``. Every plot and ``recommend`` work on points.
+
+``recommend(rows, budget_ms)`` states its rule in ``RECOMMEND_RULE``;
 ``explain_recommendation`` says why, in words and numbers.
 
     python -m loadtests.plots results/cpu/sweep.csv results/cpu   # writes the PNGs
@@ -43,7 +49,13 @@ INT_COLUMNS = ("max_batch_size", "max_queue_size", "users", "requests", "failure
                "batches", "cpu_count", "locust_processes")
 FLOAT_COLUMNS = ("max_wait_ms", "offered_rps", "duration_s", "achieved_rps", "sent_rps", "p50_ms",
                  "p95_ms", "p99_ms", "mean_ms", "max_ms", "server_mean_latency_ms",
-                 "mean_batch_size", "mean_queue_wait_ms", "mean_compute_ms")
+                 "mean_batch_size", "mean_queue_wait_ms", "mean_compute_ms",
+                 "effective_max_wait_ms", "window_s", "device_seconds_per_request",
+                 "device_busy_fraction")
+#: measured columns that ``points`` takes the median of across repeats
+MEASURED = ("achieved_rps", "sent_rps", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "max_ms",
+            "server_mean_latency_ms", "mean_batch_size", "mean_queue_wait_ms", "mean_compute_ms",
+            "device_seconds_per_request", "device_busy_fraction")
 
 
 def _number(text, kind):
@@ -64,17 +76,67 @@ def load_rows(path) -> list[dict]:
             if column in row:
                 row[column] = _number(row[column], float)
         row["batch_size_hist"] = json.loads(row.get("batch_size_hist") or "{}")
+        _complete(row)
     return rows
 
 
+def _complete(row: dict) -> None:
+    """Columns of sweeps written before they existed, derived from what those recorded: the
+    repeat (0), greedy's effective wait (0: every such sweep sent bodies decoded inline) and
+    the device time (the server's compute histogram: mean call x calls, per request answered;
+    busy fraction: the calls' seconds over the point's duration)."""
+    row.setdefault("repeat", 0)
+    row["repeat"] = int(float(row["repeat"] or 0))
+    if math.isnan(row.get("effective_max_wait_ms", math.nan)):
+        row["effective_max_wait_ms"] = 0.0 if row["policy"] == "greedy" else row["max_wait_ms"]
+    compute_s = row.get("mean_compute_ms", math.nan) * row.get("batches", 0) / 1000
+    if math.isnan(row.get("device_seconds_per_request", math.nan)) and row.get("requests"):
+        row["device_seconds_per_request"] = compute_s / row["requests"]
+    if math.isnan(row.get("device_busy_fraction", math.nan)) and row.get("duration_s"):
+        row["device_busy_fraction"] = compute_s / row["duration_s"]
+
+
+def config_key(row) -> tuple:
+    """(policy, MAX_BATCH_SIZE, effective MAX_WAIT): what the server effectively did."""
+    return (row["policy"], row["max_batch_size"], row["effective_max_wait_ms"])
+
+
+def points(rows) -> list[dict]:
+    """One row per (configuration, offered load): medians over its repeats, with
+    ``repeats``, ``p99_min_ms``/``p99_max_ms`` (the spread) and shed/failures summed."""
+    import statistics
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((*config_key(r), r["offered_rps"]), []).append(r)
+    merged = []
+    for group in groups.values():
+        first = dict(group[0])
+        if len(group) > 1 or "repeats" not in first:
+            for column in MEASURED:
+                values = [r[column] for r in group if not math.isnan(r.get(column, math.nan))]
+                first[column] = statistics.median(values) if values else math.nan
+            first["p99_min_ms"] = min(r["p99_ms"] for r in group)
+            first["p99_max_ms"] = max(r["p99_ms"] for r in group)
+            first["shed_503"] = sum(r["shed_503"] for r in group)
+            first["failures"] = sum(r["failures"] for r in group)
+            first["requests"] = sum(r["requests"] for r in group)
+            first["repeats"] = sum(r.get("repeats", 1) for r in group)
+            first["max_wait_ms"] = first["effective_max_wait_ms"]
+        merged.append(first)
+    return sorted(merged, key=lambda r: (*config_key(r), r["offered_rps"]))
+
+
 def setting_label(row) -> str:
-    return f"{row['policy']}, batch≤{row['max_batch_size']}, wait {row['max_wait_ms']:g} ms"
+    wait = row.get("effective_max_wait_ms", row["max_wait_ms"])
+    if math.isnan(wait):
+        wait = row["max_wait_ms"]
+    return f"{row['policy']}, batch≤{row['max_batch_size']}, wait {wait:g} ms"
 
 
 def _settings(rows):
-    keys = sorted({(r["policy"], r["max_batch_size"], r["max_wait_ms"]) for r in rows})
-    return [[r for r in rows if (r["policy"], r["max_batch_size"], r["max_wait_ms"]) == k]
-            for k in keys]
+    keys = sorted({config_key(r) for r in rows})
+    return [[r for r in rows if config_key(r) == k] for k in keys]
 
 
 def _loads(rows):
@@ -93,24 +155,41 @@ def within_budget(row, budget_ms: float) -> bool:
             and row["requests"] > 0)
 
 
-def recommend(rows, budget_ms: float = 100.0, tie_tolerance: float = 0.15):
-    """The point with the highest offered load kept within the p99 budget.
+RECOMMEND_RULE = """\
+1. A point (one configuration at one offered load, its repeats merged) is within budget when
+   its median p99 is within the budget and no repeat shed (503) or failed a request.
+2. The answer comes from the highest offered load at which any point is within budget.
+3. There, points whose p99 range over the repeats overlaps the lowest point's range (or,
+   with a single repeat, lies within 15 % of it) are a tie: closer than this sweep can tell
+   apart.
+4. A tie goes to the least device time per request (device_seconds_per_request: the most
+   device left for more traffic or other models), then the shorter MAX_WAIT, then the
+   smaller MAX_BATCH_SIZE."""
 
-    Settings within budget at that load whose p99 is within ``tie_tolerance`` (15 %) of the
-    lowest are a tie (one run's p99 on a shared machine is no more precise than that); among
-    them the one that served the most at any load of the sweep wins (the most headroom),
-    then the lower p99.
-    """
-    good = [r for r in rows if within_budget(r, budget_ms)]
-    if not good:
+
+def recommend(rows, budget_ms: float = 100.0, tie_tolerance: float = 0.15):
+    """The point that ``RECOMMEND_RULE`` picks, or None when no point is within budget."""
+    candidates = [r for r in points(rows) if within_budget(r, budget_ms)]
+    if not candidates:
         return None
-    load = max(r["offered_rps"] for r in good)
-    at_load = [r for r in good if r["offered_rps"] == load]
-    lowest = min(r["p99_ms"] for r in at_load)
-    tied = [r for r in at_load if r["p99_ms"] <= lowest * (1 + tie_tolerance)]
-    capacity = {key: r["achieved_rps"] for key, r in most_served(rows).items()}
-    return max(tied, key=lambda r: (capacity[(r["policy"], r["max_batch_size"], r["max_wait_ms"])],
-                                    -r["p99_ms"]))
+    load = max(r["offered_rps"] for r in candidates)
+    at_load = [r for r in candidates if r["offered_rps"] == load]
+    best = min(at_load, key=lambda r: r["p99_ms"])
+
+    def p99_range(r):
+        if r.get("repeats", 1) > 1:
+            return r["p99_min_ms"], r["p99_max_ms"]
+        return r["p99_ms"], r["p99_ms"] * (1 + tie_tolerance)
+
+    best_low, best_high = p99_range(best)
+    tied = [r for r in at_load if p99_range(r)[0] <= best_high]
+
+    def device_time(r):
+        value = r.get("device_seconds_per_request", math.nan)
+        return math.inf if math.isnan(value) else value
+
+    return min(tied, key=lambda r: (device_time(r), r["effective_max_wait_ms"],
+                                    r["max_batch_size"]))
 
 
 def _figure(width, height):
@@ -142,6 +221,7 @@ def plot_frontier(rows, percentiles=("p50_ms", "p99_ms"), budget_ms: float | Non
     (requests/s), so a curve that folds back (less served at a higher offered load, past
     saturation) can be read.
     """
+    rows = points(rows)
     fig = _figure(6.0 * len(percentiles) + 2.5, 5.0)
     axes = fig.subplots(1, len(percentiles), sharey=True, squeeze=False)[0]
     groups = _settings(rows)
@@ -160,6 +240,7 @@ def plot_frontier(rows, percentiles=("p50_ms", "p99_ms"), budget_ms: float | Non
             ax.axhline(budget_ms, color="red", linewidth=0.8, linestyle="--",
                        label=f"p99 budget ({budget_ms:g} ms)")
         ax.set_yscale("log")
+        _plain_log_ticks(ax.yaxis)
         ax.set_xlabel("achieved throughput (requests/s)")
         ax.set_ylabel(f"{column.removesuffix('_ms')} latency (ms)")
         ax.set_title(f"Throughput vs {column.removesuffix('_ms')} latency")
@@ -168,6 +249,15 @@ def plot_frontier(rows, percentiles=("p50_ms", "p99_ms"), budget_ms: float | Non
                     title="setting (a marker per offered load;\nnumbers: offered requests/s)")
     fig.suptitle(_subtitle(rows))
     return fig
+
+
+def _plain_log_ticks(axis) -> None:
+    """Label a log axis 1, 2, 5 x 10^k in plain numbers (not 10^2, and not every minor tick)."""
+    from matplotlib.ticker import FuncFormatter
+
+    plain = FuncFormatter(lambda value, _: f"{value:g}" if f"{value:.0e}"[0] in "125" else "")
+    axis.set_major_formatter(plain)
+    axis.set_minor_formatter(plain)
 
 
 def _bucket_labels(hist: dict) -> list[tuple[str, int]]:
@@ -213,18 +303,19 @@ def requests_by_bucket(row) -> list[tuple[str, float]]:
 def plot_batch_size_distribution(rows, offered_rps: float | None = None, share: str = "batches"):
     """Share of batches (``share="batches"``) or of requests (``share="requests"``) per size
     range at one offered load, one panel per setting."""
+    rows = points(rows)
     if share not in ("batches", "requests"):
         raise ValueError("share is 'batches' or 'requests'")
     load = _nearest_load(rows, offered_rps)
-    points = sorted((r for r in rows if r["offered_rps"] == load),
+    at_load = sorted((r for r in rows if r["offered_rps"] == load),
                     key=lambda r: (r["policy"], r["max_batch_size"], r["max_wait_ms"]))
-    columns = min(4, max(1, len(points)))
-    lines = max(1, math.ceil(len(points) / columns))
+    columns = min(4, max(1, len(at_load)))
+    lines = max(1, math.ceil(len(at_load) / columns))
     fig = _figure(3.4 * columns, 2.6 * lines + 0.6)
     axes = fig.subplots(lines, columns, squeeze=False, sharey=True)
-    for ax in axes.flat[len(points):]:
+    for ax in axes.flat[len(at_load):]:
         ax.set_visible(False)
-    for ax, row in zip(axes.flat, points):
+    for ax, row in zip(axes.flat, at_load):
         if share == "requests":
             shares = requests_by_bucket(row)
         else:
@@ -248,6 +339,7 @@ def plot_batch_size_distribution(rows, offered_rps: float | None = None, share: 
 
 def plot_p99_heatmap(rows, offered_rps: float | None = None, column: str = "p99_ms"):
     """``column`` (p99 by default) over MAX_BATCH_SIZE x MAX_WAIT at one load, per policy."""
+    rows = points(rows)
     import numpy as np
 
     load = _nearest_load(rows, offered_rps)
@@ -325,7 +417,8 @@ def plot_p99_heatmaps(rows, loads=None, budget_ms: float | None = 100.0,
     """p99 over MAX_BATCH_SIZE (rows) x policy and MAX_WAIT (columns), a panel per offered
     load (default: every load of the sweep), on one shared log colour scale. Cells over
     ``budget_ms`` (or that shed requests) carry a cross; the best cell within budget of
-    each panel (lowest p99) is outlined."""
+    the panel at its load, the point ``recommend`` picks, is outlined in green."""
+    rows = points(rows)
     import numpy as np
     from matplotlib.colors import LogNorm
     from matplotlib.patches import Rectangle
@@ -341,12 +434,12 @@ def plot_p99_heatmaps(rows, loads=None, budget_ms: float | None = 100.0,
     fig = _figure(1.5 + (0.75 * len(columns) + 0.9) * len(loads), 1.9 + 0.55 * len(sizes))
     axes = fig.subplots(1, len(loads), squeeze=False, sharey=True)[0]
     image = None
+    pick = recommend(rows, budget_ms) if budget_ms is not None else None
     for ax, load in zip(axes, loads):
         _, _, grid = heatmap_grid(rows, load, column)
         _, _, shed = heatmap_grid(rows, load, "shed_503")
         image = ax.imshow(np.ma.masked_invalid(grid), cmap="magma_r", norm=norm, aspect="auto",
                           origin="lower")
-        best = None
         for i in range(len(sizes)):
             for j in range(len(columns)):
                 value = grid[i, j]
@@ -357,10 +450,11 @@ def plot_p99_heatmaps(rows, loads=None, budget_ms: float | None = 100.0,
                 ax.text(j, i, f"{value:.0f}" + ("\n✗" if over else ""), ha="center",
                         va="center", fontsize=7,
                         color="white" if norm(value) > 0.6 else "black")
-                if budget_ms is not None and not over and (best is None or value < best[0]):
-                    best = (value, i, j)
-        if best is not None:
-            ax.add_patch(Rectangle((best[2] - 0.5, best[1] - 0.5), 1, 1, fill=False,
+        if pick is not None and pick["offered_rps"] == load:
+            i = sizes.index(pick["max_batch_size"])
+            j = columns.index((pick["policy"], pick["max_wait_ms"])) if pick["max_batch_size"] > 1 \
+                else next(k for k, (policy, _) in enumerate(columns) if policy == pick["policy"])
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False,
                                    edgecolor="tab:green", linewidth=2.5))
         ax.set_xticks(range(len(columns)), [f"{p}\n{w:g}" for p, w in columns], fontsize=7)
         ax.set_yticks(range(len(sizes)), [str(size) for size in sizes])
@@ -374,7 +468,7 @@ def plot_p99_heatmaps(rows, loads=None, budget_ms: float | None = 100.0,
                               if f"{value:.0e}"[0] in "125" else "")
         bar.ax.yaxis.set_major_formatter(plain)
         bar.ax.yaxis.set_minor_formatter(plain)
-    budget = (f"; ✗ over {budget_ms:g} ms or shed, green: lowest within budget"
+    budget = (f"; ✗ over {budget_ms:g} ms or shed, green: recommend()'s pick"
               if budget_ms is not None else "")
     fig.suptitle(f"{column.removesuffix('_ms')} latency by setting and load{budget} — "
                  f"{_subtitle(rows)}", fontsize="medium")
@@ -387,6 +481,7 @@ def plot_model_vs_measured(rows, cost, t_http: float, sizes=None, policy: str = 
     load: served requests/s on the left, p99 (ms, log) on the right, one colour per
     MAX_BATCH_SIZE, for ``policy`` at MAX_WAIT ``wait_ms`` (default: the smallest waits
     run; MAX_BATCH_SIZE 1 at whatever wait it ran)."""
+    rows = points(rows)
     import numpy as np
 
     from loadtests.queueing import predict
@@ -399,10 +494,10 @@ def plot_model_vs_measured(rows, cost, t_http: float, sizes=None, policy: str = 
     fig = _figure(12.5, 4.8)
     ax_served, ax_p99 = fig.subplots(1, 2)
     for size in sizes:
-        points = [r for r in chosen if r["max_batch_size"] == size]
-        waits = sorted({r["max_wait_ms"] for r in points})
+        measured = [r for r in chosen if r["max_batch_size"] == size]
+        waits = sorted({r["max_wait_ms"] for r in measured})
         wait = wait_ms if wait_ms in waits else (waits[0] if waits else 0.0)
-        points = sorted((r for r in points if r["max_wait_ms"] == wait),
+        measured = sorted((r for r in measured if r["max_wait_ms"] == wait),
                         key=lambda r: r["offered_rps"])
         color = _SIZE_COLORS[sorted({r["max_batch_size"] for r in rows}).index(size)
                              % len(_SIZE_COLORS)] if size in {r["max_batch_size"] for r in rows} \
@@ -412,9 +507,9 @@ def plot_model_vs_measured(rows, cost, t_http: float, sizes=None, policy: str = 
         label = f"batch≤{size}" + (f", wait {wait:g} ms" if size > 1 else "")
         ax_served.plot(rates, [p.served for p in predicted], color=color, label=f"{label} (model)")
         ax_p99.plot(rates, [p.p99_ms for p in predicted], color=color)
-        ax_served.plot([r["offered_rps"] for r in points], [r["achieved_rps"] for r in points],
+        ax_served.plot([r["offered_rps"] for r in measured], [r["achieved_rps"] for r in measured],
                        "o", color=color, label=f"{label} (measured)")
-        ax_p99.plot([r["offered_rps"] for r in points], [r["p99_ms"] for r in points], "o",
+        ax_p99.plot([r["offered_rps"] for r in measured], [r["p99_ms"] for r in measured], "o",
                     color=color)
     ax_served.plot(rates, rates, color="black", linewidth=0.6, linestyle=":",
                    label="served = offered")
@@ -436,17 +531,19 @@ def plot_model_vs_measured(rows, cost, t_http: float, sizes=None, policy: str = 
 
 def most_served(rows) -> dict:
     """{(policy, size, wait): the point that served the most}."""
+    rows = points(rows)
     best = {}
     for r in rows:
-        key = (r["policy"], r["max_batch_size"], r["max_wait_ms"])
+        key = config_key(r)
         if key not in best or r["achieved_rps"] > best[key]["achieved_rps"]:
             best[key] = r
     return best
 
 
 def explain_recommendation(rows, budget_ms: float) -> str:
-    """``recommend``'s choice in words: what it served, why it wins, and what the others did
-    at the same load and at the next one."""
+    """``recommend``'s choice in words: what it served, which rule step decided, and what
+    the others did at the same load and at the next one."""
+    rows = points(rows)
     pick = recommend(rows, budget_ms)
     if pick is None:
         lowest = min(rows, key=lambda r: r["p99_ms"], default=None)
@@ -458,25 +555,25 @@ def explain_recommendation(rows, budget_ms: float) -> str:
     same = sorted((r for r in rows if r["offered_rps"] == load and within_budget(r, budget_ms)),
                   key=lambda r: r["p99_ms"])
     higher = [x for x in _loads(rows) if x > load]
+    spread = (f" (range {pick['p99_min_ms']:g}-{pick['p99_max_ms']:g} ms over "
+              f"{pick['repeats']} repeats)" if pick.get("repeats", 1) > 1 else "")
     lines = [
         (f"For a p99 budget of {budget_ms:g} ms choose {setting_label(pick)} "
          f"(--policy {pick['policy']} --max-batch-size {pick['max_batch_size']} "
          f"--max-wait-ms {pick['max_wait_ms']:g})."),
-        (f"It served {pick['achieved_rps']:.0f} requests/s of {load:g} offered with p99 "
-         f"{pick['p99_ms']:g} ms (p50 {pick['p50_ms']:g} ms), nothing shed, batches of "
-         f"{pick['mean_batch_size']:.1f} rows on average."),
-        (f"Why: {load:g} requests/s is the highest offered load of the sweep at which any "
-         f"setting stayed within the budget; {len(same)} setting(s) did. Of those with a p99 "
-         f"within 15 % of the lowest ({same[0]['p99_ms']:g} ms; closer than one run can tell "
-         f"apart), this one served the most at any load "
-         f"({most_served(rows)[(pick['policy'], pick['max_batch_size'], pick['max_wait_ms'])]['achieved_rps']:.0f} "
-         f"requests/s): the most headroom."),
+        (f"At {load:g} requests/s offered it served {pick['achieved_rps']:.0f} with median p99 "
+         f"{pick['p99_ms']:g} ms{spread}, p50 {pick['p50_ms']:g} ms, nothing shed, batches of "
+         f"{pick['mean_batch_size']:.1f} rows, {pick['device_seconds_per_request'] * 1e3:.2f} ms "
+         f"of device time per request."),
+        (f"Why: {load:g} requests/s is the highest offered load at which any setting stayed "
+         f"within the budget (rule step 2); {len(same)} setting(s) did."),
     ]
     if len(same) > 1:
-        others = ", ".join(f"{setting_label(r)} ({r['p99_ms']:g} ms)"
-                           for r in [r for r in same if r is not pick][:3])
-        lines.append(f"Also within budget at {load:g}: {others}. Differences under ~30 % at one "
-                     "load are within run-to-run noise on a shared machine.")
+        others = "; ".join(f"{setting_label(r)}: p99 {r['p99_ms']:g} ms, "
+                           f"{r['device_seconds_per_request'] * 1e3:.2f} ms device/request"
+                           for r in same if config_key(r) != config_key(pick))
+        lines.append(f"The others within budget there: {others}. Ties (step 3) go to the least "
+                     "device time per request (step 4).")
     if higher:
         nxt = [r for r in rows if r["offered_rps"] == higher[0]]
         if nxt:

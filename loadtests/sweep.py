@@ -76,10 +76,11 @@ COLUMNS = [
     "mean_ms", "max_ms", "failures", "shed_503", "server_mean_latency_ms", "mean_batch_size",
     "mean_queue_wait_ms", "mean_compute_ms", "batches", "batch_size_hist", "model", "device",
     "torch_version", "cpu_count", "cpu_model", "server_cpus", "locust_cpus", "locust_processes",
-    "started_at", "locust_csv",
+    "started_at", "locust_csv", "repeat", "effective_max_wait_ms", "window_s",
+    "device_seconds_per_request", "device_busy_fraction",
 ]
 #: Columns that, with the model, identify a point (for resuming).
-KEY = ("policy", "max_batch_size", "max_wait_ms", "offered_rps")
+KEY = ("policy", "max_batch_size", "max_wait_ms", "offered_rps", "repeat")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,13 +93,17 @@ class Grid:
     #: the batch sizes ``timer`` runs at (None: all of ``batch_sizes``)
     timer_batch_sizes: tuple[int, ...] | None = None
 
-    def settings(self) -> list[tuple[str, int, float]]:
+    def settings(self, greedy_waits: bool = False) -> list[tuple[str, int, float]]:
+        """The distinct configurations of the grid. ``greedy_waits``: greedy's MAX_WAIT has an
+        effect (bodies decoded in a thread); otherwise greedy runs at the first wait only."""
         out = []
         for policy, size, wait in itertools.product(self.policies, self.batch_sizes, self.waits_ms):
             if policy == "timer" and (wait == 0 or size == 1):
                 continue  # identical to greedy: nothing to wait for
             if size == 1 and wait != self.waits_ms[0]:
                 continue  # a batch of one is full at once: the wait never applies
+            if policy == "greedy" and not greedy_waits and wait != self.waits_ms[0]:
+                continue  # greedy only waits for bodies being decoded in a thread: none here
             if (policy == "timer" and self.timer_batch_sizes is not None
                     and size not in self.timer_batch_sizes):
                 continue
@@ -127,6 +132,17 @@ GPU_FULL = Grid(policies=("greedy", "timer"), batch_sizes=(1, 8, 16, 32, 64),
                 waits_ms=(0, 2, 5), loads_rps=(100, 400, 800, 1600), duration_s=7,
                 timer_batch_sizes=(32,))
 GRIDS.update({name: (GPU_FULL, QUICK) for name in ("resnet18-224", "resnet50-224")})
+# The simulated V100 (mmserver.simulated_device, NVIDIA's FP32 ResNet-50 t(b), times
+# SIMULATED_TIME_SCALE): t(1) ~31 ms, capacity ~48 requests/s at MAX_BATCH_SIZE 1 and ~330
+# at 16. Notebook 08 places its loads around the capacity it measures first.
+SIMULATED = "simulated-v100"
+SIMULATED_TIME_SCALE = 3.0
+SIMULATED_FULL = Grid(policies=("greedy", "timer"), batch_sizes=(1, 8, 16, 32),
+                      waits_ms=(0, 15, 30, 60, 120), loads_rps=(30, 120, 250), duration_s=6,
+                      timer_batch_sizes=(32,))
+SIMULATED_QUICK = Grid(policies=("greedy", "timer"), batch_sizes=(32,), waits_ms=(0, 60),
+                       loads_rps=(30,), duration_s=3)
+GRIDS[SIMULATED] = (SIMULATED_FULL, SIMULATED_QUICK)
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -170,6 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latency-budget-ms", type=float, default=100.0,
                    help="p99 budget for the recommended setting printed at the end")
     p.add_argument("--no-plots", action="store_true", help="do not write the PNG plots")
+    p.add_argument("--timer-batch-sizes", type=_ints,
+                   help="the batch sizes timer runs at (default: the grid's, or all)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run every point this many times (column repeat), on fresh servers")
+    p.add_argument("--time-scale", type=float, default=SIMULATED_TIME_SCALE,
+                   help=f"{SIMULATED} only: multiply the published t(b) by this")
     return p
 
 
@@ -209,7 +231,10 @@ def server_view(before, after, model: str) -> dict:
         cumulative -= buckets_before.get(bound, 0.0)
         hist["+Inf" if math.isinf(bound) else f"{bound:g}"] = int(round(cumulative - previous))
         previous = cumulative
+    compute_seconds = delta("mmserver_compute_seconds_sum")
+    answered = delta("mmserver_requests_total", status="200")
     return {
+        "device_seconds_per_request": round(compute_seconds / answered, 6) if answered else float("nan"),
         "mean_batch_size": mean("mmserver_batch_size_rows"),
         "mean_queue_wait_ms": mean("mmserver_queue_wait_seconds", 1000.0),
         "mean_compute_ms": mean("mmserver_compute_seconds", 1000.0),
@@ -332,26 +357,34 @@ def run_point(args, server: ServerProcess, model_root: Path, load: float, prefix
 
     first = server.metrics()
     base_count = answered(first)
+    before_at = time.monotonic()
     log_path = prefix.with_name(prefix.name + "_locust.log")
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
         try:
             # The server's window starts once traffic flows and the users are all started,
-            # as locust's does (--reset-stats), so neither counts the ramp.
-            before = first
+            # as locust's does (--reset-stats), so neither counts the ramp; it ends a second
+            # before locust stops sending, so it never counts the tail of abandoned requests.
+            before, after = first, None
             deadline = time.monotonic() + 60
             while process.poll() is None and time.monotonic() < deadline:
                 if answered(server.metrics()) > base_count:
                     time.sleep(ramp_s + 0.5)
-                    before = server.metrics()
+                    before, before_at = server.metrics(), time.monotonic()
                     break
                 time.sleep(0.1)
+            end = before_at + max(0.5, args.duration - 1.0)
+            while process.poll() is None and time.monotonic() < end:
+                time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+            if process.poll() is None:
+                after, after_at = server.metrics(), time.monotonic()
             process.wait(timeout=args.duration + 180)
         except BaseException:
             process.kill()
             process.wait()
             raise
-    after = server.metrics()
+    if after is None:
+        after, after_at = server.metrics(), time.monotonic()
     json_path = Path(str(prefix) + ".json")
     if process.returncode not in (0, 1) or not json_path.exists():
         raise RuntimeError(f"locust exited {process.returncode}; see {log_path}:\n"
@@ -361,6 +394,11 @@ def run_point(args, server: ServerProcess, model_root: Path, load: float, prefix
     row.update(client_view(json.loads(json_path.read_text()), args.model))
     view = server_view(before, after, args.model)
     row.update({k: v for k, v in view.items() if k in COLUMNS})
+    # The device's view, all in the server's window: busy = model-call seconds / window.
+    window = after_at - before_at
+    compute = view["mean_compute_ms"] * view["batches"] / 1000 if view["batches"] else 0.0
+    row["window_s"] = round(window, 3)
+    row["device_busy_fraction"] = round(compute / window, 4) if window > 0 else float("nan")
     return row
 
 
@@ -376,12 +414,26 @@ def read_rows(path: Path) -> list[dict]:
 
 def point_key(row: dict) -> tuple:
     return (str(row["model"]), str(row["policy"]), int(float(row["max_batch_size"])),
-            float(row["max_wait_ms"]), float(row["offered_rps"]))
+            float(row["max_wait_ms"]), float(row["offered_rps"]), int(float(row.get("repeat") or 0)))
+
+
+def effective_wait_ms(policy: str, wait_ms: float, body_bytes: int) -> float:
+    """What ``max_wait`` does for this body: greedy waits only for bodies decoded in a thread
+    (``decode_in_thread_bytes`` and over); below that its wait never applies."""
+    from mmserver.config import DEFAULT_DECODE_IN_THREAD_BYTES
+
+    if policy == "greedy" and body_bytes < DEFAULT_DECODE_IN_THREAD_BYTES:
+        return 0.0
+    return wait_ms
 
 
 def prepare_model_root(args, root: Path) -> Path:
     """The model's model.pt in a folder of our own, without the example's mmserver.json."""
     target = root / args.model / "model"
+    if args.model == SIMULATED:
+        from mmserver.simulated_device import write_model_folder
+        write_model_folder(target, time_scale=args.time_scale, input_features=16)
+        return root
     if args.model != "resnet18":  # not an example: loadtests.models writes it
         from loadtests.models import write_model
         write_model(args.model, target)
@@ -412,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
                 waits_ms=args.waits_ms or base.waits_ms,
                 loads_rps=args.loads or base.loads_rps,
                 duration_s=args.duration or base.duration_s,
-                timer_batch_sizes=None if args.batch_sizes else base.timer_batch_sizes)
+                timer_batch_sizes=args.timer_batch_sizes or (
+                    None if args.batch_sizes else base.timer_batch_sizes))
     args.duration = grid.duration_s
     args.examples_dir = args.examples_dir.expanduser().resolve()
     out = args.out.expanduser().resolve()
@@ -422,11 +475,21 @@ def main(argv: list[str] | None = None) -> int:
     rows = read_rows(csv_path)
     done = {point_key(r) for r in rows}
 
-    settings = grid.settings()
-    points = [(s, load) for s in settings for load in grid.loads_rps]
-    todo = [(s, load) for s, load in points if (args.model, *s, float(load)) not in done]
-    print(f"sweep: {len(points)} points ({len(settings)} settings x {len(grid.loads_rps)} loads, "
-          f"{grid.duration_s:g} s each); {len(points) - len(todo)} already in {csv_path}", flush=True)
+    from loadtests._payload import payload
+    body, headers = payload(args.model)
+    inline = effective_wait_ms("greedy", 1.0, len(body)) == 0.0
+    settings = grid.settings(greedy_waits=not inline)
+    # Repeats outermost, each on a fresh server: a repeat meets the machine at another moment.
+    points = [(repeat, s, load) for repeat in range(args.repeats) for s in settings
+              for load in grid.loads_rps]
+    todo = [(repeat, s, load) for repeat, s, load in points
+            if (args.model, *s, float(load), repeat) not in done]
+    print(f"sweep: {len(points)} points ({len(settings)} settings x {len(grid.loads_rps)} loads "
+          f"x {args.repeats} repeats, {grid.duration_s:g} s each); "
+          f"{len(points) - len(todo)} already in {csv_path}", flush=True)
+    if inline and "greedy" in grid.policies and len(grid.waits_ms) > 1:
+        print(f"greedy runs at MAX_WAIT {grid.waits_ms[0]:g} ms only: a {len(body)}-byte body is "
+              "decoded on the event loop, so greedy never waits for it", flush=True)
     if not todo:
         return finish(args, csv_path, out)
 
@@ -436,22 +499,22 @@ def main(argv: list[str] | None = None) -> int:
     started, finished = time.monotonic(), 0
     with tempfile.TemporaryDirectory(prefix="mmserver-sweep-") as tmp:
         model_root = prepare_model_root(args, Path(tmp))
-        from loadtests._payload import payload
-        body, headers = payload(args.model)
-        for setting, group in itertools.groupby(todo, key=lambda p: p[0]):
+        for (repeat, setting), group in itertools.groupby(todo, key=lambda p: p[:2]):
             policy, size, wait = setting
-            tag = f"{policy}-b{size}-w{wait:g}"
+            tag = f"{policy}-b{size}-w{wait:g}" + (f"-n{repeat}" if repeat else "")
             server, description = start_server(args, model_root, policy, size, wait,
                                                raw / f"{tag}_server.log")
             try:
                 warm_up(server, args.model, body, args.warmup,
                         concurrency=max(4, min(64, 2 * size)),
                         content_type=headers["Content-Type"])
-                for _, load in group:
+                for _, _, load in group:
                     prefix = raw / f"{tag}-r{load:g}"
                     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
                     row = {**common, "policy": policy, "max_batch_size": size,
                            "max_wait_ms": wait, "offered_rps": load, "started_at": stamp,
+                           "repeat": repeat,
+                           "effective_max_wait_ms": effective_wait_ms(policy, wait, len(body)),
                            "device": description.get("device", ""),
                            "server_cpus": server.cpus,
                            "locust_csv": str(prefix.relative_to(out))}
@@ -465,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"wait={wait:>4g}ms {load:>5g} rps offered ({row['users']} users) -> "
                           f"{row['achieved_rps']:>6.1f} rps  p50 {row['p50_ms']:>5g} ms  "
                           f"p99 {row['p99_ms']:>5g} ms  batch {row['mean_batch_size']:>5} "
+                          f"device {row['device_busy_fraction']:.0%} busy "
                           f"shed {row['shed_503']} fail {row['failures']} | "
                           f"{_fmt_s(elapsed)} elapsed, ~{_fmt_s(left)} left", flush=True)
             finally:
