@@ -476,11 +476,14 @@ def plot_p99_heatmaps(rows, loads=None, budget_ms: float | None = 100.0,
 
 
 def plot_model_vs_measured(rows, cost, t_http: float, sizes=None, policy: str = "greedy",
-                           wait_ms: float | None = None, max_queue_size: int | None = None):
+                           wait_ms: float | None = None, max_queue_size: int | None = None,
+                           latency_offset_ms: float = 0.0):
     """Measured points (markers) over ``loadtests.queueing.predict`` (lines) against offered
     load: served requests/s on the left, p99 (ms, log) on the right, one colour per
     MAX_BATCH_SIZE, for ``policy`` at MAX_WAIT ``wait_ms`` (default: the smallest waits
-    run; MAX_BATCH_SIZE 1 at whatever wait it ran)."""
+    run; MAX_BATCH_SIZE 1 at whatever wait it ran). ``latency_offset_ms`` is added to every
+    predicted latency: the time a request spends outside the server's core, which the model
+    leaves out."""
     rows = points(rows)
     import numpy as np
 
@@ -506,7 +509,7 @@ def plot_model_vs_measured(rows, cost, t_http: float, sizes=None, policy: str = 
                              max_queue_size=queue) for rate in rates]
         label = f"batch≤{size}" + (f", wait {wait:g} ms" if size > 1 else "")
         ax_served.plot(rates, [p.served for p in predicted], color=color, label=f"{label} (model)")
-        ax_p99.plot(rates, [p.p99_ms for p in predicted], color=color)
+        ax_p99.plot(rates, [p.p99_ms + latency_offset_ms for p in predicted], color=color)
         ax_served.plot([r["offered_rps"] for r in measured], [r["achieved_rps"] for r in measured],
                        "o", color=color, label=f"{label} (measured)")
         ax_p99.plot([r["offered_rps"] for r in measured], [r["p99_ms"] for r in measured], "o",
@@ -523,8 +526,9 @@ def plot_model_vs_measured(rows, cost, t_http: float, sizes=None, policy: str = 
     ax_p99.set_title("p99 latency: model (lines) vs measured (dots)")
     for ax in (ax_served, ax_p99):
         ax.grid(True, which="both", alpha=0.3)
+    offset = f", + {latency_offset_ms:.1f} ms outside the core" if latency_offset_ms else ""
     fig.suptitle(f"Queueing model with t(b) = {cost.a * 1e3:.2f} ms + {cost.c * 1e3:.3f} ms·b, "
-                 f"t_http = {t_http * 1e3:.2f} ms, policy {policy} — {_subtitle(rows)}",
+                 f"t_http = {t_http * 1e3:.2f} ms{offset}, policy {policy} — {_subtitle(rows)}",
                  fontsize="medium")
     return fig
 

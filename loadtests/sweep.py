@@ -2,7 +2,7 @@
 
     python -m loadtests.sweep --out results/cpu          # the full grid (~13 min on 2 cores)
     python -m loadtests.sweep --quick --out /tmp/sweep   # CI: a few points, ~1 min
-    python -m loadtests.sweep --model standin --out results/cpu-standin   # the stand-in
+    python -m loadtests.sweep --model simulated-v100 --repeats 3 --out build/sim   # simulated GPU
 
 For each batching setting (policy, max_batch_size, max_wait) the sweep starts
 ``mmserver serve`` with those flags (pinned with ``taskset`` to
@@ -25,17 +25,32 @@ JSON). Locust's raw CSVs (``--csv``) and final JSON stats (``--json-file``,
 the numbers used here: locust writes its CSVs once a second, so they can miss
 the last second) are kept per point under ``OUT/raw/``, with each server's log.
 
+The device's view, per point, in the server's own window: ``mean_batch_size``,
+``mean_queue_wait_ms``, ``device_seconds_per_request`` (model-call seconds per
+request answered: on a GPU the device's time, on a CPU the core's time in the
+model) and ``device_busy_fraction`` (model-call seconds over the window; a call
+that straddles the window's start counts whole, so a saturated device can read
+a few per cent over 1). ``--repeats N`` runs every point N times, each time on
+a fresh server (column ``repeat``).
+
 Resumable: a point already in ``sweep.csv`` is skipped, and so is a server
-whose points are all there. Grid rules: ``timer`` with ``max_wait = 0``, and
-``timer`` with ``max_batch_size = 1``, behave exactly as ``greedy`` and are
-not run; ``max_batch_size = 1`` runs at the grid's first wait only (a batch of
-one is full as soon as it has a request, so the wait never applies); ``timer``
-runs only at ``Grid.timer_batch_sizes`` when that is set.
+whose points are all there. Grid rules, so that every point is a distinct
+configuration: ``timer`` with ``max_wait = 0``, and ``timer`` with
+``max_batch_size = 1``, behave exactly as ``greedy`` and are not run;
+``max_batch_size = 1`` runs at the grid's first wait only (a batch of one is
+full as soon as it has a request, so the wait never applies); ``greedy`` runs
+at the first wait only when the body is decoded on the event loop (under
+``decode_in_thread_bytes``, 64 KiB: greedy waits only for bodies being decoded
+in a thread, so its wait never applies; ``effective_max_wait_ms`` records 0);
+``timer`` runs only at ``Grid.timer_batch_sizes`` (``--timer-batch-sizes``)
+when that is set.
 
 ``--model`` is the ``resnet18`` example (3x64x64) by default; ``standin`` is
 the deep, narrow network of ``loadtests/models.py`` whose batch of 32 costs
 little more than a batch of one (the accelerator regime, on a CPU), and
-``resnet18-224``/``resnet50-224`` are for a GPU host. Each model has its own
+``resnet18-224``/``resnet50-224`` are for a GPU host; ``simulated-v100`` is
+``mmserver.simulated_device`` (NVIDIA's published ResNet-50 V100 FP32 t(b),
+times ``--time-scale``; labelled simulated, holds no CPU). Each model has its own
 default grid (``FULL``/``QUICK``), its loads placed around its capacity.
 
 Nothing here assumes a CPU: the ``device`` column is what the server reports
@@ -141,7 +156,7 @@ SIMULATED_FULL = Grid(policies=("greedy", "timer"), batch_sizes=(1, 8, 16, 32),
                       waits_ms=(0, 15, 30, 60, 120), loads_rps=(30, 120, 250), duration_s=6,
                       timer_batch_sizes=(32,))
 SIMULATED_QUICK = Grid(policies=("greedy", "timer"), batch_sizes=(32,), waits_ms=(0, 60),
-                       loads_rps=(30,), duration_s=3)
+                       loads_rps=(30, 150), duration_s=3)
 GRIDS[SIMULATED] = (SIMULATED_FULL, SIMULATED_QUICK)
 
 

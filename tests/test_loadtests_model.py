@@ -30,7 +30,18 @@ def test_grid_runs_batch_size_one_at_one_wait_and_timer_where_asked():
     settings = grid.settings()
     assert [s for s in settings if s[1] == 1] == [("greedy", 1, 0)]
     assert {s for s in settings if s[0] == "timer"} == {("timer", 16, 5), ("timer", 16, 20)}
-    assert ("greedy", 8, 20) in settings
+    # greedy waits only for bodies decoded in a thread: with inline bodies its waits are one
+    # configuration, run once; with large bodies each wait is its own
+    assert [s for s in settings if s[:2] == ("greedy", 8)] == [("greedy", 8, 0)]
+    assert ("greedy", 8, 20) in grid.settings(greedy_waits=True)
+
+
+def test_greedy_wait_is_effective_only_for_bodies_decoded_in_a_thread():
+    from mmserver.config import DEFAULT_DECODE_IN_THREAD_BYTES as THRESHOLD
+
+    assert sweep.effective_wait_ms("greedy", 20.0, THRESHOLD - 1) == 0.0
+    assert sweep.effective_wait_ms("greedy", 20.0, THRESHOLD) == 20.0
+    assert sweep.effective_wait_ms("timer", 20.0, 10) == 20.0
 
 
 @pytest.mark.parametrize("model", sorted(sweep.GRIDS))
@@ -38,8 +49,8 @@ def test_every_model_has_a_body_and_its_full_grid_holds_the_shipped_defaults(mod
     full, quick = sweep.GRIDS[model]
     assert model in PAYLOADS and model in ROW_SHAPES
     assert quick.settings() and len(quick.settings()) * len(quick.loads_rps) == 4
-    if model in ("resnet18", "standin"):
-        assert ("greedy", 16, 5) in full.settings()
+    if model in ("resnet18", "standin"):  # greedy's 5 ms is its 0 ms with these bodies
+        assert ("greedy", 16, 0) in full.settings() and ("timer", 16, 5) in full.settings()
 
 
 # -- the queueing model ------------------------------------------------------------------------
@@ -129,6 +140,72 @@ def test_committed_sweep_plots_and_explanation():
     pick = plots.recommend(rows, 100)
     assert f"--max-batch-size {pick['max_batch_size']}" in text
     assert "No setting" in plots.explain_recommendation(rows, 0.001)
+
+
+# -- repeats and recommend()'s rule -----------------------------------------------------------
+
+
+def _point(policy, size, wait, load, p99, device_ms, repeat=0, shed=0, effective=None):
+    row = {"policy": policy, "max_batch_size": size, "max_wait_ms": float(wait),
+           "effective_max_wait_ms": float(wait if effective is None else effective),
+           "offered_rps": float(load), "achieved_rps": float(load), "p50_ms": p99 / 2,
+           "p99_ms": float(p99), "shed_503": shed, "failures": 0, "requests": 100,
+           "mean_batch_size": 2.0, "batches": 50, "batch_size_hist": {}, "repeat": repeat,
+           "device_seconds_per_request": device_ms / 1000, "device_busy_fraction": 0.5}
+    for column in plots.MEASURED:
+        row.setdefault(column, 1.0)
+    return row
+
+
+def test_identical_configurations_are_one_point_with_repeats():
+    # greedy at 0, 5 and 20 ms with inline bodies: one configuration, three repeats
+    rows = [_point("greedy", 16, wait, 100, p99, 3.0, effective=0)
+            for wait, p99 in ((0, 40), (5, 90), (20, 50))]
+    (point,) = plots.points(rows)
+    assert point["repeats"] == 3 and point["p99_ms"] == 50  # the median, not one draw
+    assert (point["p99_min_ms"], point["p99_max_ms"]) == (40, 90)
+    assert plots.setting_label(point) == "greedy, batch≤16, wait 0 ms"
+
+
+def test_recommend_takes_the_highest_load_held_then_the_least_device_time_among_ties():
+    rows = []
+    for repeat in range(3):
+        jitter = 5 * repeat
+        rows += [
+            _point("greedy", 32, 0, 100, 60 + jitter, 8.0, repeat),
+            _point("greedy", 32, 0, 200, 170 + jitter, 5.0, repeat),   # no overlap: not tied
+            _point("greedy", 16, 0, 200, 140 + jitter, 6.0, repeat),   # lowest p99 at 200
+            _point("timer", 32, 60, 200, 150 + jitter, 3.0, repeat),   # overlaps: a tie
+            _point("timer", 32, 120, 200, 190 + jitter, 2.0, repeat),  # within budget, not tied
+            _point("greedy", 32, 0, 300, 400 + jitter, 4.0, repeat),   # over budget
+        ]
+    rows.append(_point("greedy", 16, 0, 300, 180, 4.0, repeat=0, shed=1))  # shed once: out
+    pick = plots.recommend(rows, budget_ms=250)
+    assert (pick["policy"], pick["max_batch_size"], pick["max_wait_ms"], pick["offered_rps"]) == \
+        ("timer", 32, 60.0, 200.0)
+    # without the tie, the lowest p99 wins even though another used less device time
+    alone = [r for r in rows if not (r["policy"] == "timer" and r["max_wait_ms"] == 60)]
+    assert plots.config_key(plots.recommend(alone, budget_ms=250)) == ("greedy", 16, 0.0)
+    # one repeat: a tie is within 15 % of the lowest p99
+    single = [r for r in rows if r["repeat"] == 0 and r["offered_rps"] == 200]
+    assert plots.config_key(plots.recommend(single, 250)) == ("timer", 32, 60.0)
+    assert plots.recommend(rows, budget_ms=10) is None
+    text = plots.explain_recommendation(rows, 250)
+    assert "--policy timer --max-batch-size 32 --max-wait-ms 60" in text and "over 3 repeats" in text
+
+
+def test_heatmap_frames_exactly_the_pick():
+    from matplotlib.patches import Rectangle
+
+    rows = [_point("greedy", 32, 0, 200, 150, 5.0), _point("greedy", 16, 0, 200, 140, 6.0),
+            _point("timer", 32, 60, 200, 150, 3.0)]
+    figure = plots.plot_p99_heatmaps(rows, budget_ms=250)
+    frames = [patch for patch in figure.axes[0].patches if isinstance(patch, Rectangle)]
+    assert len(frames) == 1
+    sizes = sorted({r["max_batch_size"] for r in rows})
+    columns = plots._heatmap_columns(plots.points(rows))
+    x, y = frames[0].get_xy()
+    assert (columns[round(x + 0.5)], sizes[round(y + 0.5)]) == (("timer", 60.0), 32)
 
 
 # -- the stand-in and the published figures -------------------------------------------------------
