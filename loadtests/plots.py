@@ -162,33 +162,53 @@ RECOMMEND_RULE = """\
 3. There, points whose p99 range over the repeats overlaps the lowest point's range (or,
    with a single repeat, lies within 15 % of it) are a tie: closer than this sweep can tell
    apart.
-4. A tie goes to the least device time per request (device_seconds_per_request: the most
-   device left for more traffic or other models), then the shorter MAX_WAIT, then the
-   smaller MAX_BATCH_SIZE."""
+4. A tie goes to the setting that degrades least if traffic grows: the lowest median p99 at
+   the next offered load of the sweep, counting a setting that shed there as worse than any
+   that did not. Without a next load (or among equals there), to the least device time per
+   request, then the shorter MAX_WAIT, then the smaller MAX_BATCH_SIZE."""
 
 
-def recommend(rows, budget_ms: float = 100.0, tie_tolerance: float = 0.15):
-    """The point that ``RECOMMEND_RULE`` picks, or None when no point is within budget."""
+def tied_points(rows, budget_ms: float, tie_tolerance: float = 0.15) -> list[dict]:
+    """The points of ``RECOMMEND_RULE`` steps 1-3: the tie at the highest load held, lowest
+    p99 first (empty when no point is within budget)."""
     candidates = [r for r in points(rows) if within_budget(r, budget_ms)]
     if not candidates:
-        return None
+        return []
     load = max(r["offered_rps"] for r in candidates)
-    at_load = [r for r in candidates if r["offered_rps"] == load]
-    best = min(at_load, key=lambda r: r["p99_ms"])
+    at_load = sorted((r for r in candidates if r["offered_rps"] == load), key=lambda r: r["p99_ms"])
 
     def p99_range(r):
         if r.get("repeats", 1) > 1:
             return r["p99_min_ms"], r["p99_max_ms"]
         return r["p99_ms"], r["p99_ms"] * (1 + tie_tolerance)
 
-    best_low, best_high = p99_range(best)
-    tied = [r for r in at_load if p99_range(r)[0] <= best_high]
+    best_high = p99_range(at_load[0])[1]
+    return [r for r in at_load if p99_range(r)[0] <= best_high]
+
+
+def recommend(rows, budget_ms: float = 100.0, tie_tolerance: float = 0.15):
+    """The point that ``RECOMMEND_RULE`` picks, or None when no point is within budget."""
+    tied = tied_points(rows, budget_ms, tie_tolerance)
+    if not tied:
+        return None
+    merged = points(rows)
+    load = tied[0]["offered_rps"]
+    higher = [x for x in _loads(merged) if x > load]
+
+    def at_next_load(r):
+        if not higher:
+            return (False, 0.0)
+        nxt = next((p for p in merged if config_key(p) == config_key(r)
+                    and p["offered_rps"] == higher[0]), None)
+        if nxt is None:
+            return (True, math.inf)
+        return (nxt["shed_503"] > 0 or nxt["failures"] > 0, nxt["p99_ms"])
 
     def device_time(r):
         value = r.get("device_seconds_per_request", math.nan)
         return math.inf if math.isnan(value) else value
 
-    return min(tied, key=lambda r: (device_time(r), r["effective_max_wait_ms"],
+    return min(tied, key=lambda r: (*at_next_load(r), device_time(r), r["effective_max_wait_ms"],
                                     r["max_batch_size"]))
 
 
@@ -558,6 +578,7 @@ def explain_recommendation(rows, budget_ms: float) -> str:
     load = pick["offered_rps"]
     same = sorted((r for r in rows if r["offered_rps"] == load and within_budget(r, budget_ms)),
                   key=lambda r: r["p99_ms"])
+    tied = tied_points(rows, budget_ms)
     higher = [x for x in _loads(rows) if x > load]
     spread = (f" (range {pick['p99_min_ms']:g}-{pick['p99_max_ms']:g} ms over "
               f"{pick['repeats']} repeats)" if pick.get("repeats", 1) > 1 else "")
@@ -572,19 +593,20 @@ def explain_recommendation(rows, budget_ms: float) -> str:
         (f"Why: {load:g} requests/s is the highest offered load at which any setting stayed "
          f"within the budget (rule step 2); {len(same)} setting(s) did."),
     ]
-    if len(same) > 1:
-        others = "; ".join(f"{setting_label(r)}: p99 {r['p99_ms']:g} ms, "
-                           f"{r['device_seconds_per_request'] * 1e3:.2f} ms device/request"
-                           for r in same if config_key(r) != config_key(pick))
-        lines.append(f"The others within budget there: {others}. Ties (step 3) go to the least "
-                     "device time per request (step 4).")
+    others = [r for r in same if config_key(r) != config_key(pick)]
+    if others:
+        tied_keys = {config_key(r) for r in tied}
+        lines.append("Within budget there as well: " + "; ".join(
+            f"{setting_label(r)}: p99 {r['p99_ms']:g} ms"
+            + (f" ({r['p99_min_ms']:g}-{r['p99_max_ms']:g})" if r.get("repeats", 1) > 1 else "")
+            + (", tied (step 3)" if config_key(r) in tied_keys else ", not tied: measurably slower")
+            for r in others) + ".")
     if higher:
-        nxt = [r for r in rows if r["offered_rps"] == higher[0]]
+        nxt = sorted((r for r in rows if r["offered_rps"] == higher[0]), key=lambda r: r["p99_ms"])
         if nxt:
-            closest = min(nxt, key=lambda r: r["p99_ms"])
-            lines.append(f"At the next load ({higher[0]:g} requests/s) the best p99 was "
-                         f"{closest['p99_ms']:g} ms ({setting_label(closest)}, "
-                         f"{closest['shed_503']} shed): over budget.")
+            lines.append(f"At the next load ({higher[0]:g} requests/s), over budget or shed: " + "; ".join(
+                f"{setting_label(r)}: p99 {r['p99_ms']:g} ms, {r['shed_503']} shed" for r in nxt)
+                + (" (step 4 breaks the tie here)." if len(tied) > 1 else "."))
     unbatched = [r for r in rows if r["max_batch_size"] == 1 and within_budget(r, budget_ms)]
     if unbatched:
         top = max(unbatched, key=lambda r: r["offered_rps"])

@@ -167,31 +167,49 @@ def test_identical_configurations_are_one_point_with_repeats():
     assert plots.setting_label(point) == "greedy, batch≤16, wait 0 ms"
 
 
-def test_recommend_takes_the_highest_load_held_then_the_least_device_time_among_ties():
-    rows = []
-    for repeat in range(3):
-        jitter = 5 * repeat
-        rows += [
-            _point("greedy", 32, 0, 100, 60 + jitter, 8.0, repeat),
-            _point("greedy", 32, 0, 200, 170 + jitter, 5.0, repeat),   # no overlap: not tied
-            _point("greedy", 16, 0, 200, 140 + jitter, 6.0, repeat),   # lowest p99 at 200
-            _point("timer", 32, 60, 200, 150 + jitter, 3.0, repeat),   # overlaps: a tie
-            _point("timer", 32, 120, 200, 190 + jitter, 2.0, repeat),  # within budget, not tied
-            _point("greedy", 32, 0, 300, 400 + jitter, 4.0, repeat),   # over budget
-        ]
-    rows.append(_point("greedy", 16, 0, 300, 180, 4.0, repeat=0, shed=1))  # shed once: out
+def _repeated(policy, size, wait, load, p99, device_ms, **extra):
+    return [_point(policy, size, wait, load, p99 + 5 * repeat, device_ms, repeat, **extra)
+            for repeat in range(3)]
+
+
+def test_recommend_takes_the_highest_load_held():
+    rows = (_repeated("greedy", 32, 0, 100, 60, 8.0) + _repeated("greedy", 32, 0, 200, 150, 5.0)
+            + _repeated("greedy", 32, 0, 300, 400, 4.0))          # 300: over budget
+    rows += [_point("greedy", 16, 0, 300, 180, 4.0, shed=1)]       # shed once: not held
     pick = plots.recommend(rows, budget_ms=250)
-    assert (pick["policy"], pick["max_batch_size"], pick["max_wait_ms"], pick["offered_rps"]) == \
-        ("timer", 32, 60.0, 200.0)
-    # without the tie, the lowest p99 wins even though another used less device time
-    alone = [r for r in rows if not (r["policy"] == "timer" and r["max_wait_ms"] == 60)]
-    assert plots.config_key(plots.recommend(alone, budget_ms=250)) == ("greedy", 16, 0.0)
-    # one repeat: a tie is within 15 % of the lowest p99
-    single = [r for r in rows if r["repeat"] == 0 and r["offered_rps"] == 200]
-    assert plots.config_key(plots.recommend(single, 250)) == ("timer", 32, 60.0)
+    assert (plots.config_key(pick), pick["offered_rps"]) == (("greedy", 32, 0.0), 200.0)
+    assert pick["p99_ms"] == 155 and pick["repeats"] == 3          # the median of 150/155/160
     assert plots.recommend(rows, budget_ms=10) is None
+
+
+def test_a_measurably_lower_p99_wins_over_less_device_time():
+    rows = _repeated("greedy", 16, 0, 200, 140, 6.0) + _repeated("timer", 32, 120, 200, 190, 2.0)
+    assert [plots.config_key(r) for r in plots.tied_points(rows, 250)] == [("greedy", 16, 0.0)]
+    assert plots.config_key(plots.recommend(rows, 250)) == ("greedy", 16, 0.0)
+
+
+def test_a_tie_goes_to_the_setting_that_degrades_least_at_the_next_load():
+    rows = (_repeated("greedy", 16, 0, 200, 140, 6.0) + _repeated("timer", 32, 60, 200, 150, 3.0)
+            + _repeated("greedy", 16, 0, 300, 280, 4.0) + _repeated("timer", 32, 60, 300, 450, 2.5))
+    assert len(plots.tied_points(rows, 250)) == 2                  # 140-150 overlaps 150-160
+    assert plots.config_key(plots.recommend(rows, 250)) == ("greedy", 16, 0.0)
+    # shedding at the next load is worse than any p99 that did not shed
+    shed = [dict(r, shed_503=5) if r["policy"] == "greedy" and r["offered_rps"] == 300 else r
+            for r in rows]
+    assert plots.config_key(plots.recommend(shed, 250)) == ("timer", 32, 60.0)
     text = plots.explain_recommendation(rows, 250)
-    assert "--policy timer --max-batch-size 32 --max-wait-ms 60" in text and "over 3 repeats" in text
+    assert "--policy greedy --max-batch-size 16 --max-wait-ms 0" in text
+    assert "over 3 repeats" in text and "tied (step 3)" in text
+
+
+def test_without_a_next_load_a_tie_goes_to_the_least_device_time():
+    rows = _repeated("greedy", 16, 0, 200, 140, 6.0) + _repeated("timer", 32, 60, 200, 150, 3.0)
+    assert plots.config_key(plots.recommend(rows, 250)) == ("timer", 32, 60.0)
+    # one repeat each: a tie is within 15 % of the lowest p99
+    single = [r for r in rows if r["repeat"] == 0]
+    assert plots.config_key(plots.recommend(single, 250)) == ("timer", 32, 60.0)
+    apart = [dict(r, p99_ms=200.0) if r["policy"] == "timer" else r for r in single]
+    assert plots.config_key(plots.recommend(apart, 250)) == ("greedy", 16, 0.0)
 
 
 def test_heatmap_frames_exactly_the_pick():
