@@ -23,7 +23,7 @@ serve: $(STAMP)
 		--preload tabular=$(EXAMPLES)/tabular/model
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)
 
 notebooks: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir notebooks
