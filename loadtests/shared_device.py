@@ -28,11 +28,15 @@ import tempfile
 import threading
 from pathlib import Path
 
-from loadtests.sweep import SIMULATED, SIMULATED_TIME_SCALE, run_point, warm_up
 from mmserver.simulated_device import write_model_folder
 from mmserver.testing import ServerProcess
 
-MODEL_A, MODEL_B = f"{SIMULATED}-a", f"{SIMULATED}-b"
+# loadtests.* is imported inside functions: locust reads every module of this folder as a
+# locustfile, from wherever it runs, where the package may not be importable.
+
+MODEL_A, MODEL_B = "simulated-v100-a", "simulated-v100-b"
+#: loadtests.sweep.SIMULATED_TIME_SCALE (checked by the tests)
+TIME_SCALE = 3.0
 STREAM = "one-gpu"
 
 
@@ -66,10 +70,11 @@ def _point_args(model: str, duration_s: float, locust_cpus: str) -> argparse.Nam
 
 
 def measure(a: Batching, b: Batching, load_a: float, load_b: float, *, duration_s: float,
-            out: Path, time_scale: float = SIMULATED_TIME_SCALE, warmup_s: float = 2.0,
+            out: Path, time_scale: float = TIME_SCALE, warmup_s: float = 2.0,
             server_cpus: str = "0", locust_cpus: str = "1") -> dict[str, dict]:
     """Offer ``load_a`` and ``load_b`` requests/s at once; {model: its sweep-style row}."""
     from loadtests._payload import payload
+    from loadtests.sweep import SIMULATED, run_point, warm_up
 
     out.mkdir(parents=True, exist_ok=True)
     body, headers = payload(SIMULATED)

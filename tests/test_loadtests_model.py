@@ -36,6 +36,14 @@ def test_grid_runs_batch_size_one_at_one_wait_and_timer_where_asked():
     assert ("greedy", 8, 20) in grid.settings(greedy_waits=True)
 
 
+def test_shared_device_models_are_the_simulated_sweep_model():
+    from loadtests import shared_device
+
+    assert shared_device.TIME_SCALE == sweep.SIMULATED_TIME_SCALE
+    assert {shared_device.MODEL_A, shared_device.MODEL_B} <= set(PAYLOADS)
+    assert all(name.startswith(sweep.SIMULATED) for name in (shared_device.MODEL_A, shared_device.MODEL_B))
+
+
 def test_greedy_wait_is_effective_only_for_bodies_decoded_in_a_thread():
     from mmserver.config import DEFAULT_DECODE_IN_THREAD_BYTES as THRESHOLD
 
