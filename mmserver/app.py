@@ -34,7 +34,9 @@ from mmserver import http_answers, http_v2
 from mmserver.config import Settings
 from mmserver.http_errors import INVOCATION, SAGEMAKER, V2, answer_errors, requires_token
 from mmserver.http_requests import (
+    CUSTOM_ATTRIBUTES_HEADER,
     SINGLE_MODEL_NAME,
+    TARGET_MODEL_HEADER,
     invocations_target,
     load_request,
     page_limit,
@@ -57,13 +59,11 @@ __all__ = ["METRICS", "PIPELINE", "REGISTRY", "ROUTES", "SETTINGS", "Route", "cr
 
 log = logging.getLogger(__name__)
 
-TARGET_MODEL_HEADER = "X-Amzn-SageMaker-Target-Model"
 OPENAPI_FILE = Path(__file__).with_name("openapi.json")
 #: After answering (413, 408) before a body was read, read and drop the rest for at most this
 #: long, so a client still sending gets to read the answer; aiohttp's 10 s default would hold
 #: a trickling client, and with it shutdown, past SageMaker's 30 s.
 LINGERING_SECONDS = 2.0
-CUSTOM_ATTRIBUTES_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
 
 
 # -- model management ---------------------------------------------------------

@@ -2,8 +2,8 @@
 
 SageMaker's routes are served by two HTTP hosts: the aiohttp application
 (``app``) and, on a Ray cluster, the Serve ingress (``mmserver.ray.ingress``).
-Both read a load's body, a listing's ``limit`` and ``/invocations``' target
-header through these functions, so a client gets the same 400 with the same
+Both read a load's body, a listing's ``limit``, SageMaker's header names and
+``/invocations``' target through these, so a client gets the same 400 with the same
 words from either. Each raises :class:`~mmserver.errors.InvalidRequest` (or
 :class:`~mmserver.errors.PayloadTooLarge`); the HTTP layer picks the status.
 """
@@ -17,6 +17,8 @@ from mmserver.registry import validate_name
 
 #: Management requests are small JSON objects; anything larger is not one.
 MAX_JSON_OBJECT_BYTES = 64 * 1024
+TARGET_MODEL_HEADER = "X-Amzn-SageMaker-Target-Model"
+CUSTOM_ATTRIBUTES_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
 #: Name the single model of single-model mode is registered under (``/invocations``
 #: without the target model header).
 SINGLE_MODEL_NAME = "model"
