@@ -30,9 +30,17 @@ from pathlib import Path
 
 from aiohttp import hdrs, web
 
-from mmserver import errors, http_answers, http_v2
+from mmserver import http_answers, http_v2
 from mmserver.config import Settings
 from mmserver.http_errors import INVOCATION, SAGEMAKER, V2, answer_errors, requires_token
+from mmserver.http_requests import (
+    CUSTOM_ATTRIBUTES_HEADER,
+    SINGLE_MODEL_NAME,
+    TARGET_MODEL_HEADER,
+    invocations_target,
+    load_request,
+    page_limit,
+)
 from mmserver.http_routes import (
     METRICS,
     PIPELINE,
@@ -45,46 +53,31 @@ from mmserver.http_routes import (
 from mmserver.loaded_model import LoadedModel
 from mmserver.metrics import CONTENT_TYPE_LATEST, Metrics
 from mmserver.pipeline import Invocation, InvocationPipeline, ToolkitWire
-from mmserver.registry import ModelRegistry, validate_name
-from mmserver.toolkit import RequestContext
+from mmserver.registry import ModelRegistry
 
 __all__ = ["METRICS", "PIPELINE", "REGISTRY", "ROUTES", "SETTINGS", "Route", "create_app"]
 
 log = logging.getLogger(__name__)
 
-TARGET_MODEL_HEADER = "X-Amzn-SageMaker-Target-Model"
 OPENAPI_FILE = Path(__file__).with_name("openapi.json")
 #: After answering (413, 408) before a body was read, read and drop the rest for at most this
 #: long, so a client still sending gets to read the answer; aiohttp's 10 s default would hold
 #: a trickling client, and with it shutdown, past SageMaker's 30 s.
 LINGERING_SECONDS = 2.0
-CUSTOM_ATTRIBUTES_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
-#: Name the single model of single-model mode is registered under.
-SINGLE_MODEL_NAME = "model"
 
 
 # -- model management ---------------------------------------------------------
 
 async def load_model(request: web.Request) -> web.Response:
-    body = await read_json_object(request)
-    name, url = body.get("model_name"), body.get("url")
-    if not isinstance(name, str) or not name:
-        raise errors.InvalidRequest('the body needs "model_name": a string')
-    if not isinstance(url, str) or not url:
-        raise errors.InvalidRequest('the body needs "url": the path of the model directory')
+    name, url = load_request(await read_json_object(request))
     model = await request.app[REGISTRY].load(name, url)
     return web.json_response(http_answers.loaded(model))
 
 
 async def list_models(request: web.Request) -> web.Response:
     query = request.query
-    limit = None
-    if "limit" in query:
-        try:
-            limit = int(query["limit"])
-        except ValueError:
-            raise errors.InvalidRequest(f"limit must be an integer, got {query['limit']!r}") from None
-    page, token = request.app[REGISTRY].page(limit, query.get("next_page_token"))
+    page, token = request.app[REGISTRY].page(page_limit(query.get("limit")),
+                                             query.get("next_page_token"))
     return web.json_response(http_answers.listed(page, token))
 
 
@@ -109,7 +102,7 @@ async def invoke(request: web.Request) -> web.Response:
     started = time.perf_counter()
     name = request.match_info.get("name")
     if name is None:
-        name = _invocations_target(request)
+        name = invocations_target(request.headers.get(TARGET_MODEL_HEADER))
     request[INVOCATION] = (name, started)
     app = request.app
     model = app[REGISTRY].get(name)
@@ -117,21 +110,12 @@ async def invoke(request: web.Request) -> web.Response:
     return web.Response(body=answer.body, content_type=answer.content_type)
 
 
-def _invocations_target(request: web.Request) -> str:
-    """``/invocations``: the target model header's name, else the single model's."""
-    target = request.headers.get(TARGET_MODEL_HEADER)
-    if target:
-        validate_name(target)
-        return target
-    return SINGLE_MODEL_NAME
-
-
 def _invocation(request: web.Request, settings: Settings, model: LoadedModel) -> Invocation:
     headers = request.headers
-    context = RequestContext.from_headers(
-        model.name, headers.get(hdrs.CONTENT_TYPE), headers.get(hdrs.ACCEPT),
-        headers.get(CUSTOM_ATTRIBUTES_HEADER), settings.default_accept)
-    return Invocation(wire=ToolkitWire(model.handler, context),
+    wire = ToolkitWire.for_request(model, headers.get(hdrs.CONTENT_TYPE),
+                                   headers.get(hdrs.ACCEPT),
+                                   headers.get(CUSTOM_ATTRIBUTES_HEADER), settings.default_accept)
+    return Invocation(wire=wire,
                       content_length=request.content_length,
                       read_body=lambda limit: read_body(request, limit),
                       body_arrived=request.content.is_eof())
@@ -140,7 +124,7 @@ def _invocation(request: web.Request, settings: Settings, model: LoadedModel) ->
 # -- health and metrics -----------------------------------------------------------
 
 async def ping(request: web.Request) -> web.Response:
-    return web.json_response({"status": "Healthy"})
+    return web.json_response(http_answers.healthy())
 
 
 async def openapi(request: web.Request) -> web.Response:

@@ -83,17 +83,17 @@ def read_env(env: Mapping[str, str], key: str, parse: Callable[[str], T], defaul
         raise ValueError(f"{key} {error}") from None
 
 
-#: How an edge value of each knob type is read from a variable.
-_PARSERS = {int: integer, float: number, str: text}
+#: How an edge value of each knob type is read from text (a variable, a key=value argument).
+EDGE_PARSERS = {int: integer, float: number, str: text}
 
 
 def batch_settings_from_env(env: Mapping[str, str]) -> BatchSettings:
     """The batching knobs from their variables (``batching.KNOBS``); errors name the variable."""
     settings = BatchSettings()
     for knob in KNOBS:
-        value = read_env(env, knob.env, _PARSERS[knob.kind], None)
+        value = read_env(env, knob.env, EDGE_PARSERS[knob.kind], None)
         if value is None and knob.fallback_env:
-            value = read_env(env, knob.fallback_env, _PARSERS[knob.kind], None)
+            value = read_env(env, knob.fallback_env, EDGE_PARSERS[knob.kind], None)
         if value is not None:
             try:
                 settings = settings.overridden({knob.key: value})

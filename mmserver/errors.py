@@ -93,6 +93,10 @@ class QueueFull(MMServerError):
         super().__init__(message)
         self.retry_after_seconds = retry_after_seconds
 
+    def __reduce__(self):
+        # Errors cross processes on a Ray cluster; the default pickles only the message.
+        return type(self), (str(self), self.retry_after_seconds)
+
 
 class RunnerClosed(MMServerError):
     """The model's runner is stopping or stopped and accepts no new requests."""
@@ -116,6 +120,18 @@ class ModelOutOfMemory(ModelError):
 
 class InvocationTimeout(MMServerError):
     """The invocation took longer than SAGEMAKER_MODEL_SERVER_TIMEOUT."""
+
+
+class ReplicaUnavailable(MMServerError):
+    """On a Ray cluster: the replica given the request died, or could not be reached, before
+    it answered; another replica can serve the model."""
+
+    def __init__(self, message: str, retry_after_seconds: float = 1.0):
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
+
+    def __reduce__(self):
+        return type(self), (str(self), self.retry_after_seconds)
 
 
 #: Longest error message handed back to a client; the full one stays in the exception chain.

@@ -6,14 +6,33 @@ one place that turns :class:`~mmserver.loaded_model.ModelInfo` and
 :class:`~mmserver.batching.BatchSettings` into those keys. A batching knob's
 key is its ``mmserver.json`` key in camelCase (``max_wait_ms`` -> ``maxWaitMs``),
 derived from :data:`mmserver.batching.KNOBS`, so a new knob needs no line here.
+Both HTTP hosts (the aiohttp application and the Ray Serve ingress) answer with
+these builders.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from mmserver.batching import KNOBS, BatchSettings
-from mmserver.loaded_model import LoadedModel, ModelInfo
+from mmserver.loaded_model import ModelInfo
+
+
+class Registered(Protocol):
+    """A model as listings name it: a :class:`~mmserver.loaded_model.LoadedModel`, or a Ray
+    cluster's registration (``mmserver.ray.registrations.Registration``)."""
+
+    name: str
+    url: str
+
+
+class Replica(Protocol):
+    """Which Ray Serve replica holds a model (``mmserver.ray.replicas.ReplicaRef``)."""
+
+    replica_id: str
+    pid: int
+    node_id: str
 
 
 def camel_case(key: str) -> str:
@@ -59,7 +78,7 @@ def described(info: ModelInfo) -> dict[str, object]:
     return answer
 
 
-def listed(models: Iterable[LoadedModel], next_page_token: str | None) -> dict[str, object]:
+def listed(models: Iterable[Registered], next_page_token: str | None) -> dict[str, object]:
     """``GET /models``: one page; ``nextPageToken`` only when a model follows."""
     answer: dict[str, object] = {"models": [{"modelName": m.name, "modelUrl": m.url}
                                             for m in models]}
@@ -68,10 +87,35 @@ def listed(models: Iterable[LoadedModel], next_page_token: str | None) -> dict[s
     return answer
 
 
-def loaded(model: LoadedModel) -> dict[str, object]:
+def loaded(model: Registered) -> dict[str, object]:
     """``POST /models``: MMS's ``Model "NAME" registered`` (SageMaker names no message)."""
     return {"status": f'Model "{model.name}" registered', "modelName": model.name,
             "modelUrl": model.url}
+
+
+def described_on_cluster(model: Registered, status: str,
+                         holders: Iterable[tuple[Replica, ModelInfo]]) -> dict[str, object]:
+    """``GET /models/{name}`` on a Ray cluster: the registration, and each replica holding it.
+
+    ``status`` is the registration's (``loading``, ``unloading``) or, once loaded,
+    ``ready`` while a replica holds the model and ``"not loaded"``
+    (:data:`mmserver.loaded_model.NOT_LOADED`) while none does.
+    Each replica's entry is :func:`described` of its copy, with the replica named.
+    """
+    replicas = []
+    for replica, info in holders:
+        entry: dict[str, object] = {"replicaId": replica.replica_id, "pid": replica.pid,
+                                    "nodeId": replica.node_id}
+        entry.update((key, value) for key, value in described(info).items()
+                     if key not in ("modelName", "modelUrl"))
+        replicas.append(entry)
+    return {"modelName": model.name, "modelUrl": model.url, "status": status,
+            "replicas": replicas}
+
+
+def healthy() -> dict[str, object]:
+    """``GET /ping``."""
+    return {"status": "Healthy"}
 
 
 def unloaded(name: str) -> dict[str, object]:

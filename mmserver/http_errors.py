@@ -13,13 +13,17 @@ Two protocols share the port, and each route says which it speaks
 An error takes the entry of the nearest class in its hierarchy (as Starlette
 looks up exception handlers), a protocol's override first at each level, so
 the order of a table never matters. :func:`answer_errors` is the one place
-where an exception becomes a response; it also counts and logs invocations,
-whatever their answer.
+where an exception becomes an aiohttp response; it also counts and logs
+invocations, whatever their answer. The answer itself (status, body, headers)
+is plain data (:func:`error_answer`, :func:`domain_error_answer`), so another
+HTTP host (the Ray Serve ingress, ``mmserver.ray.ingress``) answers errors in
+exactly the same shape without aiohttp.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import logging
 import math
@@ -54,6 +58,7 @@ STATUS_BY_ERROR: dict[type[BaseException], int] = {
     errors.ModelError: 500,
     errors.QueueFull: 503,
     errors.ModelUnhealthy: 503,
+    errors.ReplicaUnavailable: 503,
     errors.InvocationTimeout: 504,
     errors.LoadTimeout: 504,
     errors.InsufficientResources: 507,
@@ -72,6 +77,9 @@ V2_STATUS_BY_ERROR: dict[type[BaseException], int] = {
 }
 _OVERRIDES = {SAGEMAKER: {}, V2: V2_STATUS_BY_ERROR}
 
+#: What a server error tells the client; the cause goes to the log only.
+INTERNAL_ERROR_MESSAGE = "internal server error; see the server log"
+
 #: The request key under which an invocation records (model name, start time) for the count.
 INVOCATION = web.RequestKey("mmserver.invocation", tuple)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -88,31 +96,58 @@ def status_for(error: BaseException, protocol: str = SAGEMAKER) -> int | None:
     return None
 
 
-def error_response(status: int, message: str, error_type: str | None = None,
-                   headers: dict | None = None, protocol: str = SAGEMAKER) -> web.Response:
+@dataclasses.dataclass(frozen=True)
+class ErrorAnswer:
+    """An error as HTTP says it, before any framework: what every host sends alike."""
+
+    status: int
+    body: dict[str, object]
+    headers: dict[str, str] | None = None
+
+
+def error_answer(status: int, message: str, error_type: str | None = None,
+                 headers: dict[str, str] | None = None,
+                 protocol: str = SAGEMAKER) -> ErrorAnswer:
+    """The body of an error in ``protocol``'s shape (``error_type`` defaults to the reason)."""
     if protocol == V2:
         body: dict[str, object] = {"error": message}
     else:
-        body = {"code": status, "type": error_type or _reason(status), "message": message}
-    return web.json_response(body, status=status, headers=headers)
+        body = {"code": status, "type": error_type or reason(status), "message": message}
+    return ErrorAnswer(status, body, headers)
 
 
-def _reason(status: int) -> str:
+def reason(status: int) -> str:
+    """The status's reason phrase without spaces (``NotFound``), MMS's error ``type``."""
     try:
         return HTTPStatus(status).phrase.replace(" ", "")
     except ValueError:
         return "Error"
 
 
-def domain_error_response(error: errors.MMServerError,
-                          protocol: str = SAGEMAKER) -> web.Response:
+def domain_error_answer(error: errors.MMServerError, protocol: str = SAGEMAKER) -> ErrorAnswer:
+    """A domain error's status, body and headers (``Retry-After`` when it says when to retry)."""
     headers = None
-    if isinstance(error, errors.QueueFull):
-        headers = {hdrs.RETRY_AFTER: str(math.ceil(error.retry_after_seconds))}
+    retry_after = getattr(error, "retry_after_seconds", None)
+    if retry_after is not None:
+        headers = {hdrs.RETRY_AFTER: str(math.ceil(retry_after))}
     elif isinstance(error, errors.Unauthorized):
         headers = {hdrs.WWW_AUTHENTICATE: "Bearer"}
-    return error_response(status_for(error, protocol) or 500, str(error), type(error).__name__,
-                          headers, protocol)
+    return error_answer(status_for(error, protocol) or 500, str(error), type(error).__name__,
+                        headers, protocol)
+
+
+def _json_response(answer: ErrorAnswer) -> web.Response:
+    return web.json_response(answer.body, status=answer.status, headers=answer.headers)
+
+
+def error_response(status: int, message: str, error_type: str | None = None,
+                   headers: dict | None = None, protocol: str = SAGEMAKER) -> web.Response:
+    return _json_response(error_answer(status, message, error_type, headers, protocol))
+
+
+def domain_error_response(error: errors.MMServerError,
+                          protocol: str = SAGEMAKER) -> web.Response:
+    return _json_response(domain_error_answer(error, protocol))
 
 
 def answer_errors(on_invocation: Callable[[str, int, float], None],
@@ -134,7 +169,7 @@ def answer_errors(on_invocation: Callable[[str, int, float], None],
             if http_error.status < 400:
                 raise
             response = error_response(
-                http_error.status, http_error.reason or _reason(http_error.status),
+                http_error.status, http_error.reason or reason(http_error.status),
                 headers={k: v for k, v in http_error.headers.items() if k in (hdrs.ALLOW,)},
                 protocol=protocol_of(request))
         except errors.MMServerError as domain_error:
@@ -144,8 +179,7 @@ def answer_errors(on_invocation: Callable[[str, int, float], None],
             raise
         except Exception:  # noqa: BLE001 - the server must answer, not die
             log.exception("unexpected error on %s %s", request.method, request.path)
-            response = error_response(500, "internal server error; see the server log",
-                                      protocol=protocol_of(request))
+            response = error_response(500, INTERNAL_ERROR_MESSAGE, protocol=protocol_of(request))
         invocation = request.get(INVOCATION)
         if invocation is not None:
             name, started = invocation
@@ -170,11 +204,17 @@ def requires_token(handler: Handler, token: str) -> Handler:
     """``handler`` behind ``Authorization: Bearer <token>`` (401 otherwise)."""
 
     async def guarded(request: web.Request) -> web.StreamResponse:
-        scheme, _, given = request.headers.get(hdrs.AUTHORIZATION, "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
-                                                                  token.encode()):
-            raise errors.Unauthorized("loading and unloading models needs "
-                                      "'Authorization: Bearer <MMSERVER_MANAGEMENT_TOKEN>'")
+        check_bearer_token(request.headers.get(hdrs.AUTHORIZATION), token)
         return await handler(request)
 
     return guarded
+
+
+def check_bearer_token(authorization: str | None, token: str) -> None:
+    """Raise :class:`~mmserver.errors.Unauthorized` unless ``authorization`` is
+    ``Bearer <token>`` (compared in constant time)."""
+    scheme, _, given = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
+                                                              token.encode()):
+        raise errors.Unauthorized("loading and unloading models needs "
+                                  "'Authorization: Bearer <MMSERVER_MANAGEMENT_TOKEN>'")

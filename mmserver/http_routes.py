@@ -10,14 +10,13 @@ every route to one application on one port. A route's ``protocol`` tells
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from mmserver import errors
 from mmserver.config import Settings
 from mmserver.http_errors import SAGEMAKER
+from mmserver.http_requests import check_json_object_size, parse_json_object
 from mmserver.metrics import Metrics
 from mmserver.pipeline import InvocationPipeline, check_payload_size
 from mmserver.registry import ModelRegistry
@@ -26,9 +25,6 @@ SETTINGS = web.AppKey("settings", Settings)
 REGISTRY = web.AppKey("registry", ModelRegistry)
 METRICS = web.AppKey("metrics", Metrics)
 PIPELINE = web.AppKey("pipeline", InvocationPipeline)
-
-#: Management requests are small JSON objects; anything larger is not one.
-MAX_JSON_OBJECT_BYTES = 64 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,21 +41,10 @@ class Route:
 
 
 async def read_json_object(request: web.Request, *, empty_allowed: bool = False) -> dict:
-    """The body as a JSON object of at most :data:`MAX_JSON_OBJECT_BYTES`; ``{}`` for an
+    """The body as a JSON object of at most :data:`~mmserver.http_requests.MAX_JSON_OBJECT_BYTES`; ``{}`` for an
     empty body when ``empty_allowed``."""
-    if request.content_length is not None and request.content_length > MAX_JSON_OBJECT_BYTES:
-        raise errors.PayloadTooLarge(f"this request's body is at most {MAX_JSON_OBJECT_BYTES} "
-                                     "bytes")
-    raw = await request.read()
-    if empty_allowed and not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise errors.InvalidRequest(f"the body must be a JSON object: {error}") from None
-    if not isinstance(body, dict):
-        raise errors.InvalidRequest(f"the body must be a JSON object, got {type(body).__name__}")
-    return body
+    check_json_object_size(request.content_length)
+    return parse_json_object(await request.read(), empty_allowed=empty_allowed)
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:

@@ -102,6 +102,13 @@ class ToolkitWire(Wire):
         self.context = context
         self.user_code = handler.user_codecs
 
+    @classmethod
+    def for_request(cls, model: LoadedModel, content_type: str | None, accept: str | None,
+                    custom_attributes: str | None, default_accept: str) -> ToolkitWire:
+        """The wire of one invocation of ``model``, from its headers as sent."""
+        return cls(model.handler, RequestContext.from_headers(
+            model.name, content_type, accept, custom_attributes, default_accept))
+
     def admit(self) -> None:
         if self.handler.default_encoders:
             codecs.negotiate(self.context.accept)
@@ -188,13 +195,18 @@ class InvocationPipeline:
                 "(SAGEMAKER_MODEL_SERVER_TIMEOUT)") from None
 
     async def _read_body(self, invocation: Invocation) -> bytes:
-        timeout = self.settings.body_timeout_seconds
-        try:
-            async with asyncio.timeout(timeout):
-                return await invocation.read_body(self.settings.max_payload_bytes)
-        except TimeoutError:
-            raise BodyTimeout(f"the request body did not arrive within {timeout:g} s "
-                              "(MMSERVER_BODY_TIMEOUT)") from None
+        return await read_within(invocation.read_body(self.settings.max_payload_bytes),
+                                 self.settings.body_timeout_seconds)
+
+
+async def read_within(reading: Awaitable[bytes], timeout: float) -> bytes:
+    """A body read within ``timeout`` seconds, else :class:`BodyTimeout` (408)."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await reading
+    except TimeoutError:
+        raise BodyTimeout(f"the request body did not arrive within {timeout:g} s "
+                          "(MMSERVER_BODY_TIMEOUT)") from None
 
 
 async def _before(deadline: float, work: asyncio.Future) -> Any:

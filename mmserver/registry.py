@@ -4,7 +4,8 @@ A name is *taken* from the moment its load starts until its unload has freed
 the model, so it is never loaded twice (409). Before a load the registry asks
 the url sandbox (``model_roots``) and the capacity policy (``capacity``); the
 load itself is ``loader``'s and a model's life is its own (``loaded_model``).
-Listing pages by an opaque cursor. The index (:meth:`ModelRegistry.index`) lists
+Listing pages by an opaque cursor (:func:`paginate`, which a Ray cluster's
+registrations page by too). The index (:meth:`ModelRegistry.index`) lists
 the model roots' folders beside the loaded models, for Triton's repository
 extension, which loads a folder by its name (:meth:`ModelRegistry.load_folder`).
 Domain errors only; the HTTP layer maps them to status codes.
@@ -20,8 +21,9 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -182,20 +184,8 @@ class ModelRegistry:
 
     def page(self, limit: int | None = None,
              next_page_token: str | None = None) -> tuple[list[LoadedModel], str | None]:
-        """Models sorted by name after the cursor; the token names the last one returned.
-
-        The cursor is a name, not an offset, so models loaded or unloaded between
-        pages neither repeat nor hide the ones present throughout.
-        """
-        limit = DEFAULT_PAGE_LIMIT if limit is None else limit
-        if not 1 <= limit <= MAX_PAGE_LIMIT:
-            raise InvalidRequest(f"limit must be between 1 and {MAX_PAGE_LIMIT}, got {limit}")
-        after = decode_page_token(next_page_token) if next_page_token else None
-        models = sorted((m for m in self.ready() if after is None or m.name > after),
-                        key=lambda m: m.name)
-        page = models[:limit]
-        token = encode_page_token(page[-1].name) if len(models) > limit else None
-        return page, token
+        """Models sorted by name after the cursor (:func:`paginate`)."""
+        return paginate(self.ready(), limit, next_page_token)
 
     # -- unloading -----------------------------------------------------------
 
@@ -240,6 +230,33 @@ def validate_name(name: object) -> str:
             f"model_name must be 1-128 letters, digits, '.', '_' or '-', starting with a letter "
             f"or digit, without '..'; got {name!r}")
     return name
+
+
+class Named(Protocol):
+    """What a listing pages by: anything with a ``name`` (a model, a cluster's registration)."""
+
+    name: str
+
+
+N = TypeVar("N", bound=Named)
+
+
+def paginate(entries: Iterable[N], limit: int | None = None,
+             next_page_token: str | None = None) -> tuple[list[N], str | None]:
+    """``entries`` sorted by name after the cursor; the token names the last one returned.
+
+    The cursor is a name, not an offset, so entries added or removed between pages
+    neither repeat nor hide the ones present throughout.
+    """
+    limit = DEFAULT_PAGE_LIMIT if limit is None else limit
+    if not 1 <= limit <= MAX_PAGE_LIMIT:
+        raise InvalidRequest(f"limit must be between 1 and {MAX_PAGE_LIMIT}, got {limit}")
+    after = decode_page_token(next_page_token) if next_page_token else None
+    remaining = sorted((e for e in entries if after is None or e.name > after),
+                       key=lambda e: e.name)
+    page = remaining[:limit]
+    token = encode_page_token(page[-1].name) if len(remaining) > limit else None
+    return page, token
 
 
 def encode_page_token(last_name: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import textwrap
 import warnings
 from collections.abc import Iterator, Mapping
@@ -14,9 +15,15 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from mmserver.app import create_app
 from mmserver.config import Settings
+from mmserver.ray.testing import RAY_ENVIRONMENT
 from mmserver.testing import ModelServerClient, ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# A Ray cluster a test starts stays on 127.0.0.1 and reports nothing: Ray reads these once,
+# when a test module first imports it.
+for _key, _value in RAY_ENVIRONMENT.items():
+    os.environ.setdefault(_key, _value)
 
 
 # -- models written by the tests ----------------------------------------------------

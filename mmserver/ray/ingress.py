@@ -1,0 +1,326 @@
+"""SageMaker's multi-model routes on a Ray cluster: the Serve ingress, part of the HTTP layer.
+
+Serve's HTTP proxy hands each request to this deployment's ``__call__`` as a
+Starlette request; the answer is a Starlette response. The routes, status
+codes, error bodies and pagination are ``mmserver serve``'s (docs/design.md
+section 4), built by the same functions: ``http_requests`` reads the bodies and
+queries, ``http_answers`` writes the camelCase answers, ``http_errors`` turns a
+domain error into its status, body and headers. What a cluster changes
+(section 11):
+
+* ``POST /models`` registers the name cluster-wide (``registrations``; 409 while
+  it is taken) and loads the model once on one replica, so that a model which
+  fits nowhere answers 507 at once and a bad artifact 400; the load answers
+  once that replica holds it, and Serve's routers have had time to learn so
+  (:data:`ROUTING_SETTLE_SECONDS`).
+* ``POST /models/{name}/invoke`` goes to a replica chosen by Serve's router
+  (one that holds the model if any) and carries :data:`~mmserver.ray.replicas.REPLICA_HEADER`
+  and :data:`~mmserver.ray.replicas.LOADED_HEADER`. A replica that dies before answering
+  is replaced by another once; a second loss answers 503 with ``Retry-After``.
+* ``GET /models/{name}`` lists every replica holding the model (broadcast).
+* ``DELETE /models/{name}`` unloads it on every replica (broadcast), each
+  answering its accepted requests first, then frees the name.
+
+Not served on Ray yet: ``/metrics`` (each replica's runners keep their
+statistics, shown per replica in describe), the ``/v2`` routes and
+``/openapi.json``; they answer 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import ReplicaUnavailableError
+from ray.serve.handle import DeploymentHandle, DeploymentResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from mmserver import errors, http_answers
+from mmserver.config import Settings
+from mmserver.http_errors import (
+    INTERNAL_ERROR_MESSAGE,
+    ErrorAnswer,
+    check_bearer_token,
+    domain_error_answer,
+    error_answer,
+)
+from mmserver.http_requests import (
+    CUSTOM_ATTRIBUTES_HEADER,
+    TARGET_MODEL_HEADER,
+    check_json_object_size,
+    invocations_target,
+    load_request,
+    page_limit,
+    parse_json_object,
+)
+from mmserver.loaded_model import NOT_LOADED
+from mmserver.model_roots import ModelRoots
+from mmserver.pipeline import check_payload_size, read_within
+from mmserver.ray.host import Held, Invoked
+from mmserver.ray.host import Request as HostRequest
+from mmserver.ray.registrations import READY
+from mmserver.ray.replicas import LOADED_HEADER, REPLICA_HEADER
+from mmserver.ray.replies import unwrapped
+from mmserver.registry import validate_name
+
+log = logging.getLogger(__name__)
+
+#: What a call to another deployment may take beyond the limit the callee keeps itself
+#: (routing, a replica's start): past it the callee is taken for lost.
+CALL_MARGIN_SECONDS = 10.0
+#: Registrations answer from memory; a call slower than this means their replica is gone.
+REGISTRY_CALL_SECONDS = 30.0
+#: A load answers this long after the model is held: a replica reports the models it holds
+#: to Serve's controller every 0.1 s, which passes them to the routers in its next loop, so
+#: the next request finds the replica that loaded the model instead of loading it elsewhere.
+ROUTING_SETTLE_SECONDS = 0.5
+#: Times an invocation is sent again after its replica died before answering.
+REPLICA_LOSS_RETRIES = 1
+#: The errors that mean the replica never answered (it died, or cannot be reached).
+REPLICA_LOST = (RayActorError, ReplicaUnavailableError)
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    method: str
+    #: The path as a regular expression; named groups are the handler's keyword arguments.
+    pattern: re.Pattern
+    handler: str
+    #: Needs the management token when one is set (``MMSERVER_MANAGEMENT_TOKEN``).
+    management: bool = False
+
+
+def _route(method: str, path: str, handler: str, management: bool = False) -> Route:
+    return Route(method, re.compile(path.replace("{name}", "(?P<name>[^/]+)") + r"\Z"), handler,
+                 management)
+
+
+ROUTES = (
+    _route("POST", "/models", "load", management=True),
+    _route("GET", "/models", "list"),
+    _route("GET", "/models/{name}", "describe"),
+    _route("DELETE", "/models/{name}", "unload", management=True),
+    _route("POST", "/models/{name}/invoke", "invoke"),
+    _route("POST", "/invocations", "invocations"),
+    _route("GET", "/ping", "ping"),
+)
+
+
+class Ingress:
+    """The ingress deployment's replica: one HTTP request at a time through :data:`ROUTES`."""
+
+    def __init__(self, settings: Settings, hosts: DeploymentHandle,
+                 registrations: DeploymentHandle):
+        self.settings = settings
+        self.hosts = hosts
+        self.registrations = registrations
+        self.roots = ModelRoots(settings.model_roots)
+
+    async def __call__(self, request: Request) -> Response:
+        try:
+            route, params = _match(request.method, _path(request))
+            if route.management and self.settings.management_token:
+                check_bearer_token(request.headers.get("authorization"),
+                                   self.settings.management_token)
+            return await getattr(self, route.handler)(request, **params)
+        except _NoRoute as no_route:
+            return _json(no_route.answer)
+        except errors.MMServerError as error:
+            return _json(domain_error_answer(error))
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the server must answer, not die
+            log.exception("unexpected error on %s %s", request.method, request.url.path)
+            return _json(error_answer(500, INTERNAL_ERROR_MESSAGE))
+
+    # -- model management --------------------------------------------------------
+
+    async def load(self, request: Request) -> Response:
+        check_json_object_size(_content_length(request))
+        name, url = load_request(parse_json_object(await request.body()))
+        self.roots.resolve(url)  # 404 or 400 before the name is taken; each host checks again
+        registration = await self._registry(self.registrations.claim.remote(name, url))
+        try:
+            await _call(self.hosts.options(multiplexed_model_id=name).warm.remote(name),
+                        self.settings.load_timeout_seconds + CALL_MARGIN_SECONDS,
+                        lambda: errors.LoadTimeout(
+                            f"loading model {name!r} took longer than "
+                            f"{self.settings.load_timeout_seconds:g} s (MMSERVER_LOAD_TIMEOUT)"))
+            registration = await self._registry(
+                self.registrations.confirm.remote(name, registration.token))
+            await asyncio.sleep(ROUTING_SETTLE_SECONDS)
+        except BaseException:
+            await asyncio.shield(self._release(name, registration.token))
+            raise
+        return JSONResponse(http_answers.loaded(registration))
+
+    async def list(self, request: Request) -> Response:
+        query = request.query_params
+        page, token = await self._registry(self.registrations.page.remote(
+            page_limit(query.get("limit")), query.get("next_page_token")))
+        return JSONResponse(http_answers.listed(page, token))
+
+    async def describe(self, request: Request, name: str) -> Response:
+        registration = await self._registry(self.registrations.get.remote(validate_name(name)))
+        holders: list[Held] = [held for held in await self._broadcast("holding", name)
+                               if isinstance(held, Held)]
+        status = registration.state
+        if status == READY and not holders:
+            status = NOT_LOADED
+        return JSONResponse(http_answers.described_on_cluster(
+            registration, status, [(held.replica, held.info) for held in holders]))
+
+    async def unload(self, request: Request, name: str) -> Response:
+        registration = await self._registry(
+            self.registrations.begin_unload.remote(validate_name(name)))
+        try:
+            await self._broadcast("drop", name)
+        finally:
+            await asyncio.shield(self._release(name, registration.token))
+        return JSONResponse(http_answers.unloaded(name))
+
+    # -- invocation ----------------------------------------------------------------
+
+    async def invoke(self, request: Request, name: str) -> Response:
+        return await self._invoke(validate_name(name), request)
+
+    async def invocations(self, request: Request) -> Response:
+        return await self._invoke(invocations_target(request.headers.get(TARGET_MODEL_HEADER)),
+                                  request)
+
+    async def ping(self, request: Request) -> Response:
+        return JSONResponse(http_answers.healthy())
+
+    async def _invoke(self, name: str, request: Request) -> Response:
+        limit = self.settings.max_payload_bytes
+        length = _content_length(request)
+        if length is not None:
+            check_payload_size(length, limit)
+        body = await read_within(_read_body(request, limit), self.settings.body_timeout_seconds)
+        headers = request.headers
+        host_request = HostRequest(body, headers.get("content-type"), headers.get("accept"),
+                                   headers.get(CUSTOM_ATTRIBUTES_HEADER))
+        timeout = self.settings.model_server_timeout_seconds + CALL_MARGIN_SECONDS
+        for attempt in range(REPLICA_LOSS_RETRIES + 1):
+            try:
+                invoked: Invoked = await _call(
+                    self.hosts.options(multiplexed_model_id=name).invoke.remote(
+                        name, host_request),
+                    timeout, lambda: errors.InvocationTimeout(
+                        f"model {name!r} did not answer within "
+                        f"{self.settings.model_server_timeout_seconds:g} s "
+                        "(SAGEMAKER_MODEL_SERVER_TIMEOUT)"))
+                break
+            except REPLICA_LOST as error:
+                log.warning("model=%s: its replica was lost before answering (%s)%s", name,
+                            type(error).__name__,
+                            "; sending it to another" if attempt < REPLICA_LOSS_RETRIES else "")
+        else:
+            raise errors.ReplicaUnavailable(
+                f"the replicas given model {name!r}'s request died before answering; retry")
+        answer = invoked.answer
+        return Response(answer.body, headers={
+            "content-type": answer.content_type, **(answer.headers or {}),
+            REPLICA_HEADER: invoked.replica.replica_id,
+            LOADED_HEADER: "1" if invoked.loaded else "0"})
+
+    # -- calls to the other deployments ---------------------------------------------
+
+    async def _registry(self, response: DeploymentResponse) -> Any:
+        return await _call(response, REGISTRY_CALL_SECONDS, lambda: errors.ReplicaUnavailable(
+            "the registrations did not answer; retry"))
+
+    async def _release(self, name: str, token: int) -> None:
+        await self._registry(self.registrations.release.remote(name, token))
+
+    async def _broadcast(self, method: str, name: str) -> list[Any]:
+        """``method(name)``'s answers from every model host; a replica that failed (it died,
+        say) is logged and left out."""
+        timeout = self.settings.model_server_timeout_seconds + CALL_MARGIN_SECONDS
+        try:
+            results = await self.hosts.broadcast(method, name).results_async(
+                timeout_s=timeout, return_exceptions=True)
+        except TimeoutError:
+            raise errors.ReplicaUnavailable(
+                f"not every replica answered {method} of model {name!r} within {timeout:g} s; "
+                "retry") from None
+        answers = []
+        for result in results:
+            try:
+                if isinstance(result, BaseException):
+                    raise result
+                answers.append(unwrapped(result))
+            except Exception as error:  # noqa: BLE001 - one replica's failure is not the answer
+                log.warning("model=%s: a replica failed %s: %s", name, method, error)
+        return answers
+
+
+async def _call(response: DeploymentResponse, timeout_seconds: float,
+                timeout_error: Callable[[], errors.MMServerError]) -> Any:
+    """The callee's result, or its domain error raised (``replies``)."""
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            return unwrapped(await response)
+    except TimeoutError:
+        response.cancel()
+        raise timeout_error() from None
+
+
+def _match(method: str, path: str) -> tuple[Route, dict[str, str]]:
+    allowed = []
+    for route in ROUTES:
+        matched = route.pattern.match(path)
+        if matched is None:
+            continue
+        if route.method == method:
+            return route, matched.groupdict()
+        allowed.append(route.method)
+    if allowed:
+        raise _NoRoute(error_answer(405, "Method Not Allowed",
+                                    headers={"Allow": ", ".join(sorted(set(allowed)))}))
+    raise _NoRoute(error_answer(404, "Not Found"))
+
+
+class _NoRoute(Exception):
+    """No route for the request: 404, or 405 with ``Allow``, as aiohttp answers."""
+
+    def __init__(self, answer: ErrorAnswer):
+        super().__init__(answer.status)
+        self.answer = answer
+
+
+def _path(request: Request) -> str:
+    """The path below the application's route prefix."""
+    path, root = request.scope["path"], request.scope.get("root_path", "")
+    if root and path.startswith(root):
+        return path[len(root):] or "/"
+    return path
+
+
+def _content_length(request: Request) -> int | None:
+    raw = request.headers.get("content-length")
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        raise errors.InvalidRequest(f"Content-Length must be an integer, got {raw!r}") from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, at most ``limit`` bytes; a chunked body past it is 413 as it arrives."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        check_payload_size(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json(answer: ErrorAnswer) -> Response:
+    return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
+
