@@ -110,6 +110,10 @@ class LocalCluster:
 
         # Short: Ray's socket paths live under it and must fit a Unix socket's 107 bytes.
         self._temp_dir = tempfile.mkdtemp(prefix="mmray-")
+        # Cluster() records the head's address in the default temp folder whatever temp_dir
+        # says, and fails on a machine where Ray never ran if that folder does not exist.
+        from ray._private.utils import get_ray_address_file
+        os.makedirs(os.path.dirname(get_ray_address_file(None)), exist_ok=True)
         deadline = time.monotonic() + self.start_timeout
         try:
             node = {"num_cpus": self.cpus_per_node, "object_store_memory": OBJECT_STORE_BYTES,
