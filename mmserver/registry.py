@@ -4,8 +4,7 @@ A name is *taken* from the moment its load starts until its unload has freed
 the model, so it is never loaded twice (409). Before a load the registry asks
 the url sandbox (``model_roots``) and the capacity policy (``capacity``); the
 load itself is ``loader``'s and a model's life is its own (``loaded_model``).
-Listing pages by an opaque cursor (:func:`paginate`, which a Ray cluster's
-registrations page by too). The index (:meth:`ModelRegistry.index`) lists
+Listing pages by an opaque cursor (``paging``). The index (:meth:`ModelRegistry.index`) lists
 the model roots' folders beside the loaded models, for Triton's repository
 extension, which loads a folder by its name (:meth:`ModelRegistry.load_folder`).
 Domain errors only; the HTTP layer maps them to status codes.
@@ -14,16 +13,13 @@ Domain errors only; the HTTP layer maps them to status codes.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import dataclasses
 import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, TypeVar
 
 import torch
 
@@ -40,6 +36,7 @@ from mmserver.handlers import is_model_folder
 from mmserver.loaded_model import NOT_LOADED, LoadedModel, ModelInfo
 from mmserver.loader import load_model
 from mmserver.model_roots import ModelRoots
+from mmserver.paging import paginate
 from mmserver.requirements import RequirementsCache
 
 log = logging.getLogger(__name__)
@@ -59,9 +56,6 @@ class Loading:
 
 #: Letters, digits, '.', '_' and '-', starting with a letter or digit (no '/' and no '..').
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-DEFAULT_PAGE_LIMIT = 100
-MAX_PAGE_LIMIT = 1000
-_TOKEN_PREFIX = "after:"
 
 
 def pick_device(requested: str | None) -> torch.device:
@@ -230,45 +224,3 @@ def validate_name(name: object) -> str:
             f"model_name must be 1-128 letters, digits, '.', '_' or '-', starting with a letter "
             f"or digit, without '..'; got {name!r}")
     return name
-
-
-class Named(Protocol):
-    """What a listing pages by: anything with a ``name`` (a model, a cluster's registration)."""
-
-    name: str
-
-
-N = TypeVar("N", bound=Named)
-
-
-def paginate(entries: Iterable[N], limit: int | None = None,
-             next_page_token: str | None = None) -> tuple[list[N], str | None]:
-    """``entries`` sorted by name after the cursor; the token names the last one returned.
-
-    The cursor is a name, not an offset, so entries added or removed between pages
-    neither repeat nor hide the ones present throughout.
-    """
-    limit = DEFAULT_PAGE_LIMIT if limit is None else limit
-    if not 1 <= limit <= MAX_PAGE_LIMIT:
-        raise InvalidRequest(f"limit must be between 1 and {MAX_PAGE_LIMIT}, got {limit}")
-    after = decode_page_token(next_page_token) if next_page_token else None
-    remaining = sorted((e for e in entries if after is None or e.name > after),
-                       key=lambda e: e.name)
-    page = remaining[:limit]
-    token = encode_page_token(page[-1].name) if len(remaining) > limit else None
-    return page, token
-
-
-def encode_page_token(last_name: str) -> str:
-    return base64.urlsafe_b64encode((_TOKEN_PREFIX + last_name).encode()).decode().rstrip("=")
-
-
-def decode_page_token(token: str) -> str:
-    try:
-        padded = token + "=" * (-len(token) % 4)
-        text = base64.urlsafe_b64decode(padded.encode("ascii")).decode("utf-8")
-    except (binascii.Error, UnicodeError, ValueError):
-        text = ""
-    if not text.startswith(_TOKEN_PREFIX):
-        raise InvalidRequest(f"next_page_token {token!r} is not a token this server issued")
-    return text[len(_TOKEN_PREFIX):]

@@ -67,7 +67,6 @@ from mmserver.ray.host import Request as HostRequest
 from mmserver.ray.registrations import READY
 from mmserver.ray.replicas import LOADED_HEADER, REPLICA_HEADER
 from mmserver.ray.replies import unwrapped
-from mmserver.registry import validate_name
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +142,8 @@ class Ingress:
 
     async def load(self, request: Request) -> Response:
         check_json_object_size(_content_length(request))
-        name, url = load_request(parse_json_object(await request.body()))
+        body = await read_within(request.body(), self.settings.body_timeout_seconds)
+        name, url = load_request(parse_json_object(body))
         self.roots.resolve(url)  # 404 or 400 before the name is taken; each host checks again
         registration = await self._registry(self.registrations.claim.remote(name, url))
         try:
@@ -167,7 +167,7 @@ class Ingress:
         return JSONResponse(http_answers.listed(page, token))
 
     async def describe(self, request: Request, name: str) -> Response:
-        registration = await self._registry(self.registrations.get.remote(validate_name(name)))
+        registration = await self._registry(self.registrations.get.remote(name))
         holders: list[Held] = [held for held in await self._broadcast("holding", name)
                                if isinstance(held, Held)]
         status = registration.state
@@ -177,8 +177,7 @@ class Ingress:
             registration, status, [(held.replica, held.info) for held in holders]))
 
     async def unload(self, request: Request, name: str) -> Response:
-        registration = await self._registry(
-            self.registrations.begin_unload.remote(validate_name(name)))
+        registration = await self._registry(self.registrations.begin_unload.remote(name))
         try:
             await self._broadcast("drop", name)
         finally:
@@ -188,7 +187,7 @@ class Ingress:
     # -- invocation ----------------------------------------------------------------
 
     async def invoke(self, request: Request, name: str) -> Response:
-        return await self._invoke(validate_name(name), request)
+        return await self._invoke(name, request)
 
     async def invocations(self, request: Request) -> Response:
         return await self._invoke(invocations_target(request.headers.get(TARGET_MODEL_HEADER)),
@@ -217,9 +216,8 @@ class Ingress:
                         f"{self.settings.model_server_timeout_seconds:g} s "
                         "(SAGEMAKER_MODEL_SERVER_TIMEOUT)"))
                 break
-            except REPLICA_LOST as error:
-                log.warning("model=%s: its replica was lost before answering (%s)%s", name,
-                            type(error).__name__,
+            except errors.ReplicaUnavailable as error:
+                log.warning("model=%s: %s%s", name, error,
                             "; sending it to another" if attempt < REPLICA_LOSS_RETRIES else "")
         else:
             raise errors.ReplicaUnavailable(
@@ -263,13 +261,18 @@ class Ingress:
 
 async def _call(response: DeploymentResponse, timeout_seconds: float,
                 timeout_error: Callable[[], errors.MMServerError]) -> Any:
-    """The callee's result, or its domain error raised (``replies``)."""
+    """The callee's result, or its domain error raised (``replies``); a callee that died
+    before answering is :class:`~mmserver.errors.ReplicaUnavailable`."""
     try:
         async with asyncio.timeout(timeout_seconds):
             return unwrapped(await response)
     except TimeoutError:
         response.cancel()
         raise timeout_error() from None
+    except REPLICA_LOST as error:
+        raise errors.ReplicaUnavailable(
+            f"the replica given the request died before answering ({type(error).__name__})"
+        ) from None
 
 
 def _match(method: str, path: str) -> tuple[Route, dict[str, str]]:

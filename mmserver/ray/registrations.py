@@ -25,7 +25,7 @@ import dataclasses
 import itertools
 
 from mmserver.errors import ModelAlreadyLoaded, ModelLoading, ModelNotFound
-from mmserver.registry import paginate
+from mmserver.paging import paginate
 
 LOADING = "loading"
 READY = "ready"

@@ -18,6 +18,7 @@ every wait has a limit.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -27,6 +28,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import mmserver
 from mmserver.ray.replicas import LOADED_HEADER, REPLICA_HEADER
 from mmserver.testing import RunningServer, free_port
 
@@ -90,17 +92,23 @@ class LocalCluster:
         self._worker_nodes: list = []
         self._saved_environment: dict[str, str | None] = {}
         self._temp_dir: str | None = None
+        self._created_default_dir: Path | None = None
 
     def start(self) -> LocalCluster:
-        for key, value in RAY_ENVIRONMENT.items():
+        # The nodes' workers import the mmserver this process imported, installed or not.
+        import_root = str(Path(mmserver.__file__).resolve().parents[1])
+        python_path = os.pathsep.join(p for p in (import_root, os.environ.get("PYTHONPATH"))
+                                      if p)
+        for key, value in {**RAY_ENVIRONMENT, "PYTHONPATH": python_path}.items():
             self._saved_environment[key] = os.environ.get(key)
             os.environ[key] = value
         import ray
+        from ray._common import utils as ray_utils
         from ray._private import ray_constants
         from ray import serve
         from ray.cluster_utils import Cluster
 
-        import mmserver.ray
+        from mmserver.ray.application import app
 
         if ray_constants.ENABLE_RAY_CLUSTER:
             raise RuntimeError(
@@ -110,10 +118,12 @@ class LocalCluster:
 
         # Short: Ray's socket paths live under it and must fit a Unix socket's 107 bytes.
         self._temp_dir = tempfile.mkdtemp(prefix="mmray-")
-        # Cluster() records the head's address in the default temp folder whatever temp_dir
-        # says, and fails on a machine where Ray never ran if that folder does not exist.
-        from ray._private.utils import get_ray_address_file
-        os.makedirs(os.path.dirname(get_ray_address_file(None)), exist_ok=True)
+        # ray.cluster_utils writes the cluster's address into Ray's default folder whatever
+        # the nodes' folder (and deletes it at shutdown); that folder must exist.
+        default_dir = Path(ray_utils.get_default_ray_temp_dir())
+        if not default_dir.exists():
+            default_dir.mkdir(parents=True)
+            self._created_default_dir = default_dir
         deadline = time.monotonic() + self.start_timeout
         try:
             node = {"num_cpus": self.cpus_per_node, "object_store_memory": OBJECT_STORE_BYTES,
@@ -126,7 +136,7 @@ class LocalCluster:
             ray.init(address=self._cluster.address, log_to_driver=False)
             serve.start(http_options={"host": "127.0.0.1", "port": self.port},
                         proxy_location="HeadOnly")
-            serve.run(mmserver.ray.app(self.args), name=APPLICATION_NAME, route_prefix="/",
+            serve.run(app(self.args), name=APPLICATION_NAME, route_prefix="/",
                       blocking=False)
             self._wait_until_ready(deadline)
         except BaseException:
@@ -182,6 +192,9 @@ class LocalCluster:
                     os.environ[key] = value
             if self._temp_dir is not None:
                 shutil.rmtree(self._temp_dir, ignore_errors=True)
+            if self._created_default_dir is not None:
+                with contextlib.suppress(OSError):  # only if Ray left nothing else in it
+                    self._created_default_dir.rmdir()
 
     def __enter__(self) -> LocalCluster:
         return self.start() if self._cluster is None else self
