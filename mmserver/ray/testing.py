@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -102,6 +103,7 @@ class LocalCluster:
         for key, value in {**RAY_ENVIRONMENT, "PYTHONPATH": python_path}.items():
             self._saved_environment[key] = os.environ.get(key)
             os.environ[key] = value
+        logging.getLogger("ray.widgets").setLevel(logging.WARNING)  # "missing ipywidgets" in notebooks
         import ray
         from ray._common import utils as ray_utils
         from ray._private import ray_constants
@@ -133,7 +135,9 @@ class LocalCluster:
             for _ in range(self.workers):
                 self._worker_nodes.append(self._cluster.add_node(**node))
             self._cluster.wait_for_nodes(timeout=max(1.0, deadline - time.monotonic()))
-            ray.init(address=self._cluster.address, log_to_driver=False)
+            ray.init(address=self._cluster.address, log_to_driver=False,
+                     logging_level=logging.WARNING)
+            logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the driver's start-up notices
             serve.start(http_options={"host": "127.0.0.1", "port": self.port},
                         proxy_location="HeadOnly")
             serve.run(app(self.args), name=APPLICATION_NAME, route_prefix="/",
