@@ -115,9 +115,6 @@ class ModelHost:
         this replica when it held the model."""
         return self.replica if await self.cache.evict(name) else None
 
-    async def identify(self) -> ReplicaRef:
-        return self.replica
-
     # -- loading and evicting ------------------------------------------------------
 
     async def _load(self, name: str) -> HeldModel:

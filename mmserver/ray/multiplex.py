@@ -74,11 +74,6 @@ class ModelCache:
         """Ray's cache, created at the first :meth:`get` (None before)."""
         return getattr(self._function, WRAPPER_ATTRIBUTE, None)
 
-    def names(self) -> list[str]:
-        """Held models, least recently used first."""
-        wrapper = self._wrapper()
-        return [] if wrapper is None else list(wrapper.models)
-
     def holds(self, name: str) -> bool:
         wrapper = self._wrapper()
         return wrapper is not None and name in wrapper.models
@@ -98,8 +93,7 @@ class ModelCache:
             return False
         log.info("evicting model=%s (least recently used) to make room",
                  next(iter(wrapper.models)))
-        await wrapper.unload_model_lru()
-        wrapper._push_multiplexed_replica_info = True  # tell the routers at once
+        await _unload_front(wrapper)
         return True
 
     async def evict(self, name: str) -> bool:
@@ -110,9 +104,8 @@ class ModelCache:
         async with wrapper._model_cache_lock:
             if name not in wrapper.models:
                 return False
-            wrapper.models.move_to_end(name, last=False)  # Ray unloads from the front
-            await wrapper.unload_model_lru()
-            wrapper._push_multiplexed_replica_info = True
+            wrapper.models.move_to_end(name, last=False)
+            await _unload_front(wrapper)
             return True
 
     async def close(self) -> None:
@@ -120,3 +113,10 @@ class ModelCache:
         wrapper = self._wrapper()
         if wrapper is not None:
             await wrapper.shutdown()
+
+
+async def _unload_front(wrapper) -> None:
+    """Unload the model at the front of Ray's cache (its least recently used) and tell the
+    routers at once, not at the next 0.1 s report."""
+    await wrapper.unload_model_lru()
+    wrapper._push_multiplexed_replica_info = True

@@ -164,10 +164,6 @@ class LocalCluster:
             time.sleep(0.5)
         raise TimeoutError(f"the application did not answer /ping within {self.start_timeout} s")
 
-    @property
-    def head_node_id(self) -> str:
-        return self._cluster.head_node.node_id
-
     def remove_worker(self) -> str:
         """Remove the last worker node (all its processes); its node id."""
         node = self._worker_nodes.pop()
