@@ -18,7 +18,7 @@ from mmserver.config import Settings
 from mmserver.http_errors import SAGEMAKER
 from mmserver.http_requests import check_json_object_size, parse_json_object
 from mmserver.metrics import Metrics
-from mmserver.pipeline import InvocationPipeline, check_payload_size
+from mmserver.pipeline import InvocationPipeline, read_chunks_within
 from mmserver.registry import ModelRegistry
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -51,9 +51,4 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     """An invocation's body, at most ``limit`` bytes; a chunked body past it is 413 too."""
     if request.content_length is not None:  # already checked against the limit
         return await request.read()
-    chunks, size = [], 0
-    async for chunk in request.content.iter_chunked(256 * 1024):
-        size += len(chunk)
-        check_payload_size(size, limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return await read_chunks_within(request.content.iter_chunked(256 * 1024), limit)

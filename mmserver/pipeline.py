@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -143,6 +143,17 @@ def check_payload_size(size: int, limit: int) -> None:
     if size > limit:
         raise PayloadTooLarge(f"the body is {size} bytes or more; the limit is {limit} "
                               "(SAGEMAKER_MAX_PAYLOAD_IN_MB)")
+
+
+async def read_chunks_within(chunks: AsyncIterable[bytes], limit: int) -> bytes:
+    """A body of unannounced length, joined from ``chunks``; past ``limit`` bytes it is 413 as
+    it arrives, without reading the rest."""
+    parts, size = [], 0
+    async for chunk in chunks:
+        size += len(chunk)
+        check_payload_size(size, limit)
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 class InvocationPipeline:

@@ -38,3 +38,23 @@ def test_a_body_over_the_payload_limit_is_413(app):
     assert_error(app.request("POST", "/models/preloaded/invoke", body,
                              {"Content-Type": "application/json"}), 413, "PayloadTooLarge")
     assert app.invoke("preloaded", [[1]]) == (200, [[3.0]])
+
+
+def test_a_chunked_body_is_held_to_the_payload_limit_as_it_arrives(app):
+    """Without a Content-Length the limit is checked on the bytes read so far: 413 past it,
+    and a chunked body within it is answered as any other."""
+    async def send(payload: bytes) -> tuple[int, bytes]:
+        async def chunks():
+            for start in range(0, len(payload), 1024):
+                yield payload[start:start + 1024]
+
+        async with app.client.post("/models/preloaded/invoke", data=chunks(),
+                                   headers={"Content-Type": "application/json"}) as response:
+            assert "Content-Length" not in response.request_info.headers
+            return response.status, await response.read()
+
+    too_big = json.dumps([[1.0] * (MAX_PAYLOAD_BYTES // 4)]).encode()
+    assert len(too_big) > MAX_PAYLOAD_BYTES
+    assert_error(app.loop.run_until_complete(send(too_big)), 413, "PayloadTooLarge")
+    status, raw = app.loop.run_until_complete(send(b"[[1]]"))
+    assert (status, json.loads(raw)) == (200, [[3.0]])

@@ -61,7 +61,7 @@ from mmserver.http_requests import (
 )
 from mmserver.loaded_model import NOT_LOADED
 from mmserver.model_roots import ModelRoots
-from mmserver.pipeline import check_payload_size, read_within
+from mmserver.pipeline import check_payload_size, read_chunks_within, read_within
 from mmserver.ray.host import Held, Invoked
 from mmserver.ray.host import Request as HostRequest
 from mmserver.ray.registrations import READY
@@ -201,7 +201,8 @@ class Ingress:
         length = _content_length(request)
         if length is not None:
             check_payload_size(length, limit)
-        body = await read_within(_read_body(request, limit), self.settings.body_timeout_seconds)
+        body = await read_within(read_chunks_within(request.stream(), limit),
+                                 self.settings.body_timeout_seconds)
         headers = request.headers
         host_request = HostRequest(body, headers.get("content-type"), headers.get("accept"),
                                    headers.get(CUSTOM_ATTRIBUTES_HEADER))
@@ -312,16 +313,6 @@ def _content_length(request: Request) -> int | None:
         return int(raw) if raw is not None else None
     except ValueError:
         raise errors.InvalidRequest(f"Content-Length must be an integer, got {raw!r}") from None
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, at most ``limit`` bytes; a chunked body past it is 413 as it arrives."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        check_payload_size(size, limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _json(answer: ErrorAnswer) -> Response:
