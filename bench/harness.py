@@ -11,6 +11,7 @@ become the bottleneck; the benchmarks print which one ran.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import re
 import shutil
@@ -121,11 +122,15 @@ def latency_window(url: str, body: bytes, headers: dict[str, str], users: int,
     """One closed-loop window of ``users`` clients POSTing ``body`` with ``headers``.
 
     Returns ``rps``, ``p50_ms``, ``p99_ms`` and ``non_2xx``; wrk on the load core when
-    installed, else an aiohttp loop.
+    installed, else an aiohttp loop. The loop gets an event loop of its own in a thread
+    of its own, so the window also runs where a loop is already running (a notebook's
+    kernel), where ``asyncio.run`` would refuse.
     """
     if shutil.which("wrk"):
         return _wrk(url, body, headers, users, seconds)
-    return asyncio.run(_aiohttp_window(url, body, headers, users, seconds))
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="load") as pool:
+        return pool.submit(asyncio.run,
+                           _aiohttp_window(url, body, headers, users, seconds)).result()
 
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}

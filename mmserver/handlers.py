@@ -218,7 +218,8 @@ class ModelHandler:
                                                                 "transform_fn")
             return
         input_fn = functions.get("input_fn")
-        read = _default_input if input_fn is None else _user_input(input_fn)
+        read = _checked_default_input(self.signature) if input_fn is None \
+            else _user_input(input_fn)
         self.decode = _row_wise_input(read) if self.row_wise else _one_request_input(read)
         predict_fn = functions.get("predict_fn")
         call = _default_call(model)
@@ -249,8 +250,12 @@ def _transform_body(body: bytes, context: RequestContext) -> OneRequest:
     return OneRequest(body_for_user_code(body, context.content_type), context)
 
 
-def _default_input(body: bytes, context: RequestContext) -> Any:
-    return codecs.decode(body, context.content_type)
+def _checked_default_input(signature: signatures.Signature):
+    def read(body: bytes, context: RequestContext) -> Any:
+        data = codecs.decode(body, context.content_type)
+        signature.check_rows(data)
+        return data
+    return read
 
 
 def _user_input(input_fn: UserFunction):

@@ -14,8 +14,12 @@ Where a model's signature comes from, in order:
    as placeholders. A request may then name its tensors as it likes.
 
 A known signature is enforced on every v2 request (:func:`matched_inputs`): every
-input named, each with its datatype and rank, fixed dimensions equal. Nothing here
-knows HTTP; the datatype names are those of :mod:`mmserver.v2_tensors`.
+input named, each with its datatype and rank, fixed dimensions equal. SageMaker's
+invocations are checked too where the server decodes the body itself (no ``input_fn``)
+and the model takes one input (:meth:`Signature.check_rows`): the shape only, since
+JSON and CSV always decode to FP32. Either way a client's mistake is a 400 that says
+what the model expects, not the model's own error (a 500) from deep inside it. Nothing
+here knows HTTP; the datatype names are those of :mod:`mmserver.v2_tensors`.
 """
 
 from __future__ import annotations
@@ -55,6 +59,28 @@ class TensorSpec:
         return None
 
 
+    def rows_mismatch(self, tensor: torch.Tensor) -> str | None:
+        """Why ``tensor``'s rows do not fit this spec's shape, in words a person reads
+        (dimension 0 counts rows), or None when they fit; the datatype is not checked."""
+        shape = tuple(tensor.shape)
+        if len(shape) == len(self.shape) and all(
+                want in (ANY_SIZE, got) for want, got in zip(self.shape[1:], shape[1:])):
+            return None
+        got = f"rows of {_row_words(shape[1:])}" if shape else "a single number"
+        return (f"expected rows of {_row_words(self.shape[1:])}, got {got} (input "
+                f"{self.name!r} has shape {list(self.shape)}, -1 for any size; the body's "
+                f"is {list(shape)})")
+
+
+def _row_words(row_shape: tuple[int, ...]) -> str:
+    """One row's shape in words: "16 values", "any number of values", "shape [3, 224, 224]"."""
+    if not row_shape:
+        return "one value"
+    if len(row_shape) == 1:
+        return "any number of values" if row_shape[0] == ANY_SIZE else f"{row_shape[0]} values"
+    return "shape [" + ", ".join("any" if d == ANY_SIZE else str(d) for d in row_shape) + "]"
+
+
 PLACEHOLDER_INPUT = TensorSpec("INPUT__0", "FP32", (ANY_SIZE,))
 PLACEHOLDER_OUTPUT = TensorSpec("OUTPUT__0", "FP32", (ANY_SIZE,))
 
@@ -84,6 +110,13 @@ class Signature:
         for name in names:
             if name not in known:
                 raise InvalidRequest(f"the model has no output {name!r}; its outputs: {known}")
+
+    def check_rows(self, data: Any) -> None:
+        """Refuse a decoded body whose rows cannot fit the model's one known input (400)."""
+        if self.inputs_known and len(self.inputs) == 1 and isinstance(data, torch.Tensor):
+            reason = self.inputs[0].rows_mismatch(data)
+            if reason is not None:
+                raise InvalidInput(reason)
 
     def matched_inputs(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The request's inputs checked against a known signature, in the model's order."""

@@ -28,17 +28,27 @@ among the installed packages, finds this model's copy. What this does not cover:
   installed but not used (:attr:`UserCode.left_to_the_server` lists them);
 * imports that bypass ``__import__`` (``importlib.import_module("name")`` with an
   absolute name), and imports made by modules the server itself imported;
-* what looks for installed distributions rather than modules:
-  ``importlib.metadata.version(...)``, entry points, ``.pth`` files, console scripts;
+* ``.pth`` files and console scripts of the installed packages;
 * compiled extension modules are loaded under the private name and are not
   promised to work (a library may refuse a second copy in one process);
 * pickles that name a module of the folder name the private package.
+
+Installed *distributions* are the model's too: many packages read their own version or
+entry points through :mod:`importlib.metadata` as they import (``huggingface_hub``
+does). The same finder that finds the folder's modules answers ``importlib.metadata``'s
+search for distributions, first, with the ``*.dist-info`` of the requirements folder
+of the model whose code is asking; the asking model is the nearest frame on the
+caller's stack that runs a module of a ``mmserver_models.m<hex>`` package, so a call
+made from the model's script, from a package it installed, or from a thread either
+started is answered for that model, and a call from any other code (the server,
+another model) never sees them.
 """
 
 from __future__ import annotations
 
 import builtins
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import sys
 import threading
@@ -55,6 +65,8 @@ _real_import = builtins.__import__
 _lock = threading.Lock()
 #: Package name of each imported model folder -> the builtins its modules run with.
 _builtins_by_package: dict[str, dict[str, Any]] = {}
+#: Package name of a model folder -> where its ``code/requirements.txt`` was installed.
+_packages_dir_by_package: dict[str, str] = {}
 
 
 class UserCode:
@@ -71,6 +83,7 @@ class UserCode:
         """Forget every module of this model, so unloading really frees them."""
         with _lock:
             _builtins_by_package.pop(self.package, None)
+            _packages_dir_by_package.pop(self.package, None)
         prefix = self.package + "."
         for name in [n for n in list(sys.modules) if n == self.package or n.startswith(prefix)]:
             sys.modules.pop(name, None)
@@ -95,6 +108,8 @@ def import_program(code_dir: Path, program: str, packages_dir: Path | None = Non
     private_builtins["__import__"] = _import_for(package, local_names)
     with _lock:
         _builtins_by_package[package] = private_builtins
+        if packages_dir is not None:
+            _packages_dir_by_package[package] = str(packages_dir)
     folder = types.ModuleType(package)
     folder.__path__ = search_path
     folder.__spec__ = importlib.machinery.ModuleSpec(package, None, is_package=True)
@@ -163,6 +178,33 @@ class _FolderFinder:
         if spec is not None and isinstance(spec.loader, importlib.machinery.SourceFileLoader):
             spec.loader = _FolderLoader(fullname, spec.origin, private_builtins)
         return spec
+
+
+    @staticmethod
+    def find_distributions(context=importlib.metadata.DistributionFinder.Context()):
+        """The asking model's installed distributions (module docstring), else none."""
+        if "path" in vars(context):  # the caller searches folders of its own choosing
+            return iter(())
+        packages_dir = _asking_models_packages()
+        if packages_dir is None:
+            return iter(())
+        return importlib.metadata.MetadataPathFinder.find_distributions(
+            importlib.metadata.DistributionFinder.Context(name=context.name,
+                                                          path=[packages_dir]))
+
+
+def _asking_models_packages() -> str | None:
+    """The requirements folder of the model whose module is nearest on the caller's stack."""
+    frame = sys._getframe(1)
+    prefix = ROOT_PACKAGE + "."
+    while frame is not None:
+        name = frame.f_globals.get("__name__")
+        if isinstance(name, str) and name.startswith(prefix):
+            package = ".".join(name.split(".", 2)[:2])
+            with _lock:
+                return _packages_dir_by_package.get(package)
+        frame = frame.f_back
+    return None
 
 
 _finder = _FolderFinder()

@@ -63,3 +63,26 @@ def assert_same_answer(batched, alone, *, exact: bool = False, decimals: int | N
         return
     atol = SAME_ANSWER_ATOL + (10.0 ** -decimals if decimals is not None else 0.0)
     torch.testing.assert_close(batched, alone, rtol=SAME_ANSWER_RTOL, atol=atol)
+
+
+def path_without(program: str, shadow_root) -> str:
+    """``PATH`` as it is, but with ``program`` found nowhere on it.
+
+    A folder of ``PATH`` that holds ``program`` (``/usr/bin`` for Debian's wrk) cannot simply
+    be dropped, as everything else lives there too; it is replaced by a folder under
+    ``shadow_root`` of links to all its entries but ``program``.
+    """
+    import os
+    from pathlib import Path
+
+    folders = []
+    for index, folder in enumerate(os.environ.get("PATH", "").split(os.pathsep)):
+        if folder and (Path(folder) / program).exists():
+            shadow = Path(shadow_root) / f"path-{index}"
+            shadow.mkdir(parents=True, exist_ok=True)
+            for entry in Path(folder).iterdir():
+                if entry.name != program and not (shadow / entry.name).exists():
+                    (shadow / entry.name).symlink_to(entry)
+            folder = str(shadow)
+        folders.append(folder)
+    return os.pathsep.join(folders)

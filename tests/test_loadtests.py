@@ -252,3 +252,23 @@ def test_plots_render_from_the_sweep_csv(quick_sweep):
     assert "requests/s" in figures[0].axes[0].get_xlabel()
     pick = plots.recommend(rows, budget_ms=10_000)
     assert pick is not None and pick["failures"] == 0 and pick["shed_503"] == 0
+
+
+def test_t_http_is_measured_inside_a_running_event_loop_without_wrk(tmp_path, monkeypatch):
+    """Notebook 07 measures t_http from a cell, inside the kernel's running event loop, and
+    a learner's machine seldom has wrk: the aiohttp generator must run there too."""
+    import asyncio
+    import shutil
+
+    from helpers import path_without
+
+    from loadtests.costs import measure_t_http
+
+    monkeypatch.setenv("PATH", path_without("wrk", tmp_path))
+    assert shutil.which("wrk") is None
+
+    async def a_notebook_cell():
+        return measure_t_http((3, 8, 8), seconds=1.0, connections=4)
+
+    t_http_seconds, rps = asyncio.run(a_notebook_cell())
+    assert rps > 0 and t_http_seconds == pytest.approx(1 / rps)

@@ -3,7 +3,8 @@
 Every notebook in ``notebooks/`` is executed in a fresh kernel with ``MMSERVER_QUICK=1`` (smaller
 sizes and shorter runs, the same assertions), from the notebooks folder so that it can import
 ``book_runner``. The executed copy is written under pytest's temporary directory, never over
-the committed notebook, so a failing cell can be inspected there. A test fails if any cell raises,
+the committed notebook, so a failing cell can be inspected there. ``wrk`` is hidden from ``PATH``,
+as on most learners' machines, so every load the notebooks generate takes the fallback path. A test fails if any cell raises,
 or if the notebook leaves a process behind: the kernel must have no child process left after its
 last cell, and no process started from it (a server, locust) may outlive it. Every process the
 kernel starts inherits a marker variable, which is how we find them, and only them, afterwards.
@@ -22,6 +23,8 @@ import pytest
 from jupyter_client.kernelspec import NATIVE_KERNEL_NAME, KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
+
+from helpers import path_without
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS_DIR = ROOT / "notebooks"
@@ -67,6 +70,8 @@ def test_there_are_notebooks():
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom_in_quick_mode(notebook: Path, tmp_path: Path, monkeypatch):
     monkeypatch.setenv("MMSERVER_QUICK", "1")  # the kernel inherits this process's environment
+    # A learner's machine seldom has wrk: the load generators' fallback must serve every notebook.
+    monkeypatch.setenv("PATH", path_without("wrk", tmp_path / "bin"))
     marker = uuid.uuid4().hex
     monkeypatch.setenv(MARKER_VARIABLE, marker)
     nb = nbformat.read(notebook, as_version=4)

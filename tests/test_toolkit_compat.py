@@ -409,18 +409,63 @@ NUMPY_PROBE = f"""
                            "scaled": {PACKAGE}.scale([1])}})
 """
 
+#: A package that, like huggingface_hub, reads its own installed metadata as it imports.
+SELF_AWARE = "mmserver_selfaware"
+SELF_AWARE_PROJECT = "mmserver-selfaware"
+SELF_AWARE_FILES = {f"{SELF_AWARE}/__init__.py": (
+    "import importlib.metadata\n"
+    f"__version__ = importlib.metadata.version({SELF_AWARE_PROJECT!r})\n"
+    "PLUGINS = sorted(e.name for e in importlib.metadata.entry_points("
+    "group='mmserver_selfaware.plugins'))\n")}
+SELF_AWARE_ENTRY_POINTS = "[mmserver_selfaware.plugins]\ndouble = mmserver_selfaware:PLUGINS\n"
+
+USES_SELF_AWARE = f"""
+    import importlib.metadata
+    import json
+
+    import {SELF_AWARE}
+
+    def model_fn(model_dir):
+        return None
+
+    def transform_fn(model, request_body, content_type, accept):
+        return json.dumps({{"at_import": [{SELF_AWARE}.__version__, {SELF_AWARE}.PLUGINS],
+                           "at_request": importlib.metadata.version({SELF_AWARE_PROJECT!r})}})
+"""
+
+#: Another model in the same server: the first one's distributions must not be in its way.
+LOOKS_FOR_SELF_AWARE = f"""
+    import importlib.metadata
+    import json
+
+    def model_fn(model_dir):
+        return None
+
+    def transform_fn(model, request_body, content_type, accept):
+        try:
+            found = importlib.metadata.version({SELF_AWARE_PROJECT!r})
+        except importlib.metadata.PackageNotFoundError:
+            found = None
+        plugins = importlib.metadata.entry_points(group="mmserver_selfaware.plugins")
+        return json.dumps({{"version": found, "plugins": sorted(e.name for e in plugins)}})
+"""
+
 NEEDS_NOTHING = """
     def model_fn(model_dir):
         return lambda x: x + 1
 """
 
 
-def write_wheel(folder: Path, project: str, files: dict[str, str]) -> Path:
-    """A pure-Python wheel of ``files``, version 1.0, its RECORD hashed as pip checks it."""
-    stem = f"{project.replace('-', '_')}-1.0"
+def write_wheel(folder: Path, project: str, files: dict[str, str], version: str = "1.0",
+                entry_points: str | None = None) -> Path:
+    """A pure-Python wheel of ``files``, its RECORD hashed as pip checks it."""
+    stem = f"{project.replace('-', '_')}-{version}"
     dist_info = f"{stem}.dist-info"
+    if entry_points is not None:
+        files = {**files, f"{dist_info}/entry_points.txt": entry_points}
     files = {**files,
-             f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {project}\nVersion: 1.0\n",
+             f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {project}\n"
+                                      f"Version: {version}\n",
              f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: mmserver-tests\n"
                                    "Root-Is-Purelib: true\nTag: py3-none-any\n"}
     record = []
@@ -468,6 +513,8 @@ def pip_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("pip")
     write_wheel(root / "wheels", "mmserver-tinypkg", PACKAGE_FILES)
     write_wheel(root / "wheels", "mmserver-fake-numpy", {"numpy/__init__.py": "FAKE = True\n"})
+    write_wheel(root / "wheels", SELF_AWARE_PROJECT, SELF_AWARE_FILES, version="2.5.1",
+                entry_points=SELF_AWARE_ENTRY_POINTS)
     models = root / "models"
     write_requirements_model(models / "uses", USES_THE_PACKAGE, REQUIREMENTS)
     write_requirements_model(models / "uses_too", USES_THE_PACKAGE, REQUIREMENTS)
@@ -475,6 +522,9 @@ def pip_root(tmp_path_factory):
     write_requirements_model(models / "missing", NEEDS_NOTHING, "mmserver-no-such-package==1.0\n")
     write_requirements_model(models / "fake_numpy", NUMPY_PROBE,
                              REQUIREMENTS + "mmserver-fake-numpy==1.0\n")
+    write_requirements_model(models / "self_aware", USES_SELF_AWARE,
+                             f"{SELF_AWARE_PROJECT}==2.5.1\n")
+    write_requirements_model(models / "peer", LOOKS_FOR_SELF_AWARE, None)
     return root
 
 
@@ -548,6 +598,20 @@ def test_a_package_the_server_has_imported_stays_the_servers(pip_root):
         assert (status, json.loads(raw)) == (200, {"fake": False, "mean": 1.5, "scaled": [3]})
         assert (f"{models / 'fake_numpy'}: code/requirements.txt installed numpy, which the "
                 "server has already imported; the model uses the server's") in server.log()
+
+
+def test_a_models_installed_distributions_answer_importlib_metadata_for_it_alone(pip_root):
+    env = pip_env(pip_root / "metadata", PIP_FIND_LINKS=str(pip_root / "wheels"),
+                  PIP_NO_INDEX="1")
+    models = pip_root / "models"
+    with running_server(["--model-root", str(models), "--no-access-log"], env) as server:
+        assert server.load("self_aware", models / "self_aware")[0] == 200
+        assert server.load("peer", models / "peer")[0] == 200
+        status, _, raw = post(server, "self_aware", b"{}")
+        assert (status, json.loads(raw)) == (
+            200, {"at_import": ["2.5.1", ["double"]], "at_request": "2.5.1"})
+        status, _, raw = post(server, "peer", b"{}")
+        assert (status, json.loads(raw)) == (200, {"version": None, "plugins": []})
 
 
 def test_a_package_pip_cannot_find_is_400_with_pips_own_words(pip_root):

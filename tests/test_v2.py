@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import importlib.metadata
+import io
 import json
 import re
 import subprocess
@@ -28,6 +29,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT, SLOW_CODE, running_server, write_code, write_torchscript
+from helpers import assert_error
 
 from mmserver.examples import write_examples
 
@@ -688,6 +690,30 @@ def test_a_name_loaded_from_another_folder_is_not_replaced(server, client, v2_ro
     finally:
         (v2_root / "affine-elsewhere").unlink()
         client.unload_model("affine-elsewhere")
+
+
+def test_sagemaker_invocations_check_rows_against_the_known_signature(server, client):
+    """A client's rows of the wrong width are its mistake (400), not the model's (500)."""
+    body = assert_error(server.invoke("tabular", [[1, 2]]), 400, "InvalidInput")
+    assert body["message"].startswith("expected rows of 16 values, got rows of 2 values (input ")
+    body = assert_error(server.invoke("linear", [[1, 2], [3, 4]]), 400, "InvalidInput")
+    assert body["message"] == ("expected rows of 3 values, got rows of 2 values (input 'x' has "
+                               "shape [-1, 3], -1 for any size; the body's is [2, 2])")
+    status, _, raw = server.request("POST", "/models/linear/invoke", b"1,2,3,4\n",
+                                    {"Content-Type": "text/csv"})
+    assert assert_error((status, raw), 400, "InvalidInput")["message"].startswith(
+        "expected rows of 3 values, got rows of 4 values ")
+    buffer = io.BytesIO()
+    np.save(buffer, np.ones((2, 3, 1), dtype=np.float32))
+    status, _, raw = server.request("POST", "/models/linear/invoke", buffer.getvalue(),
+                                    {"Content-Type": "application/x-npy"})
+    assert assert_error((status, raw), 400, "InvalidInput")["message"].startswith(
+        "expected rows of 3 values, got rows of shape [3, 1] ")
+    status, answer = server.invoke("linear", [[1, 2, 3]])
+    expected = linear_module()(torch.tensor([[1.0, 2.0, 3.0]])).tolist()
+    assert status == 200 and np.allclose(answer, expected)
+    assert server.invoke("tabular", [[0.5] * 16])[0] == 200
+    assert_healthy(server, client)
 
 
 def test_the_same_errors_through_the_clients(server, client):
