@@ -23,6 +23,7 @@ from mmserver.batching import KNOBS, BatchSettings
 from mmserver.config import Settings
 from mmserver.errors import MMServerError
 from mmserver.resources import usable_cpus
+from mmserver.workers import calls_running
 
 ACCESS_LOG_FORMAT = ('%a "%r" %s %b %Tf target_model="%{X-Amzn-SageMaker-Target-Model}i"')
 
@@ -123,6 +124,31 @@ def serve(args: argparse.Namespace) -> None:
         _run(app, settings)
     except MMServerError as error:
         sys.exit(f"mmserver: cannot start: {error}")
+    _exit_past_abandoned_calls()
+
+
+def _exit_past_abandoned_calls() -> None:
+    """Exit 0 now, without Python's finalization, if a worker thread is still in a call.
+
+    The drain has answered every accepted request, but a call may still run that no
+    request waits for: a load whose client went away or was cut off at the shutdown
+    timeout, a batch of disconnected clients, a stuck model. Finalization ends such a
+    daemon thread when it next takes the interpreter lock, by unwinding its stack; inside
+    torch's C++ that unwinding cannot pass a ``noexcept`` frame, and the C++ runtime
+    aborts the whole process ("terminate called without an active exception", exit -6)
+    instead of exiting 0. Nothing is left to finalize that matters: the app's cleanup
+    has closed the models, the pools and the requirements cache.
+    """
+    running = calls_running()
+    if not running:
+        return
+    logging.getLogger(__name__).warning(
+        "%d call(s) still running in worker threads after the drain (a load or a model call "
+        "no request waits for any more); exiting without waiting for them", running)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def intra_op_threads(cpus: int, instances: int) -> int:

@@ -8,6 +8,10 @@ pool shared by everything is used up by a few calls that hang. A
 exit, and each kind of work gets its own pool, so a stuck model only ever
 holds its own threads.
 
+The pools count the calls running in their threads (:func:`calls_running`), so
+that a stopping server knows whether one is still inside a model's native code,
+where Python's finalization must not find it (``cli.serve``).
+
 Exceptions that would end a thread or the process (``SystemExit`` from a
 script's ``sys.exit()``, ``KeyboardInterrupt``) are handed back to the caller
 as :class:`UserCodeExit`, an ordinary ``Exception``, so they fail the call that
@@ -24,6 +28,20 @@ from collections.abc import Callable
 from typing import Any
 
 _counter = itertools.count()
+_running_lock = threading.Lock()
+_running = 0
+
+
+def calls_running() -> int:
+    """How many calls are running in the threads of every pool of this process now."""
+    with _running_lock:
+        return _running
+
+
+def _count_running(change: int) -> None:
+    global _running
+    with _running_lock:
+        _running += change
 
 
 class UserCodeExit(Exception):
@@ -79,6 +97,7 @@ class WorkerPool:
                 return
             loop, future, function, args = job
             result = error = None
+            _count_running(1)
             try:
                 result = function(*args)
             except Exception as raised:  # noqa: BLE001 - the caller's answer
@@ -86,6 +105,8 @@ class WorkerPool:
             except BaseException as raised:  # noqa: BLE001 - never end the thread or process
                 error = UserCodeExit(f"{raised.__class__.__name__}: {raised}")
                 error.__cause__ = raised
+            finally:
+                _count_running(-1)
             try:
                 loop.call_soon_threadsafe(_deliver, future, result, error)
             except RuntimeError:  # the loop is closed: nobody is waiting any more

@@ -15,6 +15,7 @@ import io
 import json
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -330,6 +331,56 @@ def test_sigterm_exits_promptly_with_a_stuck_predict_fn(root):
         assert server.invoke("hang", [[1.0]], timeout=15)[0] == 504
         seconds, code = sigterm_seconds(server)
         assert seconds < SIGTERM_DEADLINE_SECONDS and code == 0, (seconds, code)
+
+
+#: A load that is still inside torch's C++ when the server stops: it says so in a file, then
+#: multiplies matrices for up to a minute.
+NATIVE_LOAD_CODE = """
+    import os, time, torch
+
+    def model_fn(model_dir):
+        open(os.environ["NATIVE_LOAD_MARKER"], "w").close()
+        a, stop = torch.ones(300, 300), time.monotonic() + 60
+        while time.monotonic() < stop:
+            a = torch.tanh(a @ a / 300)
+        return lambda x: x
+"""
+
+
+def test_sigterm_under_load_with_a_load_inside_native_code_exits_0(tmp_path):
+    """Finalization must never meet a worker thread inside torch's C++: the C++ runtime then
+    aborts the process (exit -6, "terminate called without an active exception")."""
+    root = tmp_path / "models"
+    write_torchscript(root / "affine")
+    write_code(root / "native_load", NATIVE_LOAD_CODE)
+    marker = tmp_path / "load-started"
+    env = {"NATIVE_LOAD_MARKER": str(marker), "MMSERVER_LOAD_TIMEOUT": "120",
+           "MMSERVER_SHUTDOWN_TIMEOUT": "3"}
+    with running_server(["--model-root", str(root), "--no-access-log", "--preload",
+                         "affine=affine"], env) as server:
+        statuses, stop = [], threading.Event()
+
+        def client():
+            while not stop.is_set():
+                try:
+                    statuses.append(server.invoke("affine", [[1.0, 2.0, 3.0]], timeout=10)[0])
+                except OSError:  # refused or reset once the server has stopped listening
+                    return
+
+        with concurrent.futures.ThreadPoolExecutor(5) as pool:
+            clients = [pool.submit(client) for _ in range(4)]
+            loading = pool.submit(server.load, "native_load", "native_load")
+            assert wait_until(marker.exists, 60)
+            assert wait_until(lambda: len(statuses) >= 20, 30)
+            seconds, code = sigterm_seconds(server)
+            stop.set()
+            for future in [*clients, loading]:
+                future.exception(timeout=30)  # every client returns: nothing hangs
+        log = server.log()
+        assert "terminate called" not in log, log[-2000:]
+        assert seconds < SIGTERM_DEADLINE_SECONDS and code == 0, (seconds, code, log[-2000:])
+        assert "call(s) still running in worker threads after the drain" in log
+        assert set(statuses) <= {200, 503} and statuses.count(200) >= 20, statuses
 
 
 def test_model_fns_that_never_return_time_out_and_block_nothing(srv):
