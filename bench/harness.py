@@ -4,15 +4,16 @@ The machine has 2 cores, so the server under test is pinned to core 0 and the
 load generator to core 1 (``taskset``) with one intra-op torch thread: each
 side gets a whole core and neither steals from the other. The generator is
 ``wrk`` when it is installed (a C program, far lighter than any Python
-client) and otherwise a closed loop of aiohttp clients, which can itself
-become the bottleneck; the benchmarks print which one ran.
+client) and otherwise a closed loop of aiohttp clients in a process of its own
+on the load core, which can itself become the bottleneck; the benchmarks print
+which one ran.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
+import json
 import re
 import shutil
 import statistics
@@ -121,16 +122,15 @@ def latency_window(url: str, body: bytes, headers: dict[str, str], users: int,
                    seconds: float) -> dict[str, float]:
     """One closed-loop window of ``users`` clients POSTing ``body`` with ``headers``.
 
-    Returns ``rps``, ``p50_ms``, ``p99_ms`` and ``non_2xx``; wrk on the load core when
-    installed, else an aiohttp loop. The loop gets an event loop of its own in a thread
-    of its own, so the window also runs where a loop is already running (a notebook's
-    kernel), where ``asyncio.run`` would refuse.
+    Returns ``rps``, ``p50_ms``, ``p99_ms`` and ``non_2xx``. Either generator runs as a
+    process of its own on the load core: wrk when installed, else this file's aiohttp
+    loop. A process, not a thread of the caller, so that the clients neither share the
+    caller's interpreter lock nor need its event loop: a notebook's kernel runs one
+    already, where ``asyncio.run`` would refuse.
     """
     if shutil.which("wrk"):
         return _wrk(url, body, headers, users, seconds)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="load") as pool:
-        return pool.submit(asyncio.run,
-                           _aiohttp_window(url, body, headers, users, seconds)).result()
+    return _aiohttp(url, body, headers, users, seconds)
 
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
@@ -160,6 +160,23 @@ def _wrk(url, body, headers, users, seconds) -> dict[str, float]:
             "p50_ms": _ms(percentile["50"]) if "50" in percentile else float("nan"),
             "p99_ms": _ms(percentile["99"]) if "99" in percentile else float("nan"),
             "non_2xx": int(non_2xx.group(1)) if non_2xx else 0}
+
+
+def _aiohttp(url, body, headers, users, seconds) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        body_file = Path(tmp) / "body"
+        body_file.write_bytes(body)
+        window = {"url": url, "body_file": str(body_file), "headers": headers, "users": users,
+                  "seconds": seconds}
+        out = subprocess.run(
+            [*taskset_prefix(LOAD_CPU), sys.executable, __file__, json.dumps(window)],
+            capture_output=True, text=True, check=True, timeout=seconds + GENERATOR_GRACE_SECONDS)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+#: How long the aiohttp generator's process may take beyond its window: its start-up (this
+#: file imports torch) and the last requests' answers.
+GENERATOR_GRACE_SECONDS = 60
 
 
 async def _aiohttp_window(url, body, headers, users, seconds) -> dict[str, float]:
@@ -204,3 +221,12 @@ def saturate_model(base: str, name: str, body: bytes, content_type: str, *, conn
     batches = delta("mmserver_batch_size_rows_count")
     return result, delta("mmserver_batch_size_rows_sum") / batches if batches else 0.0
 
+
+if __name__ == "__main__":  # one window of the aiohttp generator, as _aiohttp runs it
+    import uvloop
+
+    spec = json.loads(sys.argv[1])
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        result = runner.run(_aiohttp_window(spec["url"], Path(spec["body_file"]).read_bytes(),
+                                            spec["headers"], spec["users"], spec["seconds"]))
+    print(json.dumps(result))
