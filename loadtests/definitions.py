@@ -1,0 +1,302 @@
+"""The quantities the lesson names, each defined once: what it means, how it is measured.
+
+Every notebook computes these from the numbers it measured, through these functions, so that
+a word means one thing in all nine. Inputs are plain numbers (seconds, counts), never a server
+or a model; units are in the names (``_s`` seconds, ``_rps`` requests or rows per second).
+
+Settled here, once (each function's docstring gives the reason):
+
+* **The cost line** ``t(b) = F + c·b`` is fitted by ordinary least squares through the median
+  call times at ``FIT_BATCH_SIZES`` = 2, 4, 8 only. Batch 1 is left out: on a CPU it runs other
+  convolution kernels than every batch from 2 on (notebook 01 counts them), so it is not a point
+  of the same line. Batches past 8 are left out: there the per-row part itself changes
+  (activations outgrow the caches).
+* **Fixed share** and **speedup** therefore exclude batch 1 from the line. The *lone call*
+  ``t₁ = min(t(1) measured, F + c)`` is the cheaper of the two readings of a one-row call, so
+  that neither a slow batch-1 kernel nor a fast one is credited to batching.
+* **Offline ceiling**, **speedup** and **capacity** are always *at a MAX_BATCH_SIZE*: a server
+  capped at ``B`` can never run a larger batch, so a ceiling over larger batches is no bound
+  for it.
+* **Capacity** is measured, never predicted: the server's own count of answers (200s) per
+  second while saturated (mean batch at least ``SATURATED_BATCH_SHARE`` of the cap) and with
+  nothing shed, because shedding takes core time from the answers (notebook 06: about a
+  third less served while shedding). What a model predicts is the **serial limit**.
+* **t_http** is per second of the server's CPU, not per wall-clock second: the two agree only
+  when the server keeps its core busy, which a client need not make it do.
+* **Busy fraction** is the device's view (time inside model calls over the window); how busy the
+  server's *core* was is another quantity, ``core_share``.
+* Two notebooks that measure the same quantity agree when they are within ``NOISE_BAND`` of
+  each other (``agree``); a smaller difference is not a finding on a shared 2-core machine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+#: Relative difference under which two measurements of one quantity, taken in different runs
+#: (or notebooks) of a shared 2-core machine, are the same number: the 15 % that
+#: ``loadtests.plots.recommend`` already uses to tie single repeats.
+NOISE_BAND = 0.15
+
+#: The batch sizes the cost line ``t(b) = F + c·b`` goes through (see ``fit_cost_line``).
+FIT_BATCH_SIZES = (2, 4, 8)
+
+#: A run measures capacity only if its mean batch is at least this share of MAX_BATCH_SIZE
+#: (batches back to back, nearly full): the share notebooks 01 and 06 already check.
+SATURATED_BATCH_SHARE = 0.75
+
+
+def _positive(**values: float) -> None:
+    for name, value in values.items():
+        if not value > 0 or math.isinf(value):
+            raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+
+
+def _pairs(batch_sizes: Sequence[int], call_seconds: Sequence[float]) -> list[tuple[int, float]]:
+    if len(batch_sizes) != len(call_seconds) or not batch_sizes:
+        raise ValueError("need one call time per batch size, and at least one")
+    for b, t in zip(batch_sizes, call_seconds):
+        _positive(batch_size=b, call_seconds=t)
+    return list(zip(batch_sizes, call_seconds))
+
+
+# -- the model alone ---------------------------------------------------------------------------
+
+
+def fit_cost_line(batch_sizes: Sequence[int], call_seconds: Sequence[float],
+                  fit_sizes: Sequence[int] = FIT_BATCH_SIZES) -> tuple[float, float]:
+    """``(fixed_s, per_row_s)``: the line ``t(b) = F + c·b`` through the measured calls.
+
+    ``call_seconds[i]`` is the median wall-clock seconds of one model call on a batch of
+    ``batch_sizes[i]`` rows, in inference mode, with the threads the server gives the model
+    (one on a CPU), after warm-up, the batch sizes interleaved. The line is the ordinary
+    least-squares fit through the sizes in ``fit_sizes`` (2, 4, 8) only: batch 1 is left out
+    because a CPU runs it on other kernels, larger batches because their per-row cost changes.
+    ``F`` is what a call costs once whatever its size, ``c`` what each row adds.
+    """
+    points = [(b, t) for b, t in _pairs(batch_sizes, call_seconds) if b in set(fit_sizes)]
+    if len({b for b, _ in points}) < 2:
+        raise ValueError(f"need call times at two or more of the sizes {tuple(fit_sizes)}")
+    n = len(points)
+    mean_b = sum(b for b, _ in points) / n
+    mean_t = sum(t for _, t in points) / n
+    per_row = (sum((b - mean_b) * (t - mean_t) for b, t in points)
+               / sum((b - mean_b) ** 2 for b, _ in points))
+    return mean_t - per_row * mean_b, per_row
+
+
+def lone_call_seconds(batch_sizes: Sequence[int], call_seconds: Sequence[float],
+                      fit_sizes: Sequence[int] = FIT_BATCH_SIZES) -> float:
+    """``t₁ = min(t(1) measured, F + c)``: what one row alone costs the model, in seconds.
+
+    The cheaper of the measured batch-1 call and a one-row call on the line of
+    ``fit_cost_line``: a slow batch-1 kernel is not credited to batching, a fast one is not
+    ignored. Needs a measured batch of 1.
+    """
+    measured = dict(_pairs(batch_sizes, call_seconds))
+    if 1 not in measured:
+        raise ValueError("the lone call needs a measured batch of 1")
+    fixed_s, per_row_s = fit_cost_line(batch_sizes, call_seconds, fit_sizes)
+    return min(measured[1], fixed_s + per_row_s)
+
+
+def fixed_share(fixed_s: float, per_row_s: float) -> float:
+    """``F / (F + c)``: the share of a one-row call, on the line, that a batch shares out.
+
+    From ``fit_cost_line``'s ``F`` and ``c`` (batch 1 not in the fit). 0 means every second of a
+    call grows with its rows (batching buys nothing), near 1 that a call costs about the same
+    whatever it holds (a GPU at small batches).
+    """
+    if per_row_s <= 0 or fixed_s + per_row_s <= 0:
+        raise ValueError(f"the line must rise with the batch: F={fixed_s!r}, c={per_row_s!r}")
+    return fixed_s / (fixed_s + per_row_s)
+
+
+def offline_ceiling_rps(batch_sizes: Sequence[int], call_seconds: Sequence[float],
+                        max_batch_size: int | None = None) -> tuple[float, int]:
+    """``(rows/s, best batch size)``: ``max b / t(b)`` over the measured batches ``b ≤ B``.
+
+    The most rows per second the model alone serves (this process, the server's threads, no
+    HTTP, no queue) over the measured batch sizes up to ``max_batch_size`` (all of them when
+    None): no server capped at ``B`` can beat it on the same core or device. Measure every
+    size the server may run, up to ``B``.
+    """
+    pairs = [(b, t) for b, t in _pairs(batch_sizes, call_seconds)
+             if max_batch_size is None or b <= max_batch_size]
+    if not pairs:
+        raise ValueError(f"no measured batch size is within max_batch_size={max_batch_size}")
+    best_b, best_t = max(pairs, key=lambda p: (p[0] / p[1], -p[0]))
+    return best_b / best_t, best_b
+
+
+def speedup(batch_sizes: Sequence[int], call_seconds: Sequence[float],
+            max_batch_size: int | None = None,
+            fit_sizes: Sequence[int] = FIT_BATCH_SIZES) -> float:
+    """Speedup from batching: offline ceiling (at ``max_batch_size``) × the lone call ``t₁``.
+
+    How many times the rows/s of one-row calls the model alone reaches in its best batch up to
+    ``B``. Against ``t₁`` (``lone_call_seconds``), not the measured batch 1: the smaller of the
+    two readings, so that another kernel at batch 1 is not counted as batching's gain. The
+    gain *through a server* is another quantity: ``served_gain``.
+    """
+    ceiling, _ = offline_ceiling_rps(batch_sizes, call_seconds, max_batch_size)
+    return ceiling * lone_call_seconds(batch_sizes, call_seconds, fit_sizes)
+
+
+# -- the server --------------------------------------------------------------------------------
+
+
+def t_http_s(server_cpu_s: float, answered: int) -> float:
+    """``t_http``: seconds of the server's CPU per request answered, for all but the model.
+
+    Measured with a no-op model (it computes nothing and answers as many numbers per row as
+    the real one) at the MAX_BATCH_SIZE and with the request body of the comparison, driven by
+    closed-loop keep-alive clients on another core: the server process's CPU seconds (user +
+    system, every thread) over the window, divided by the requests it answered (200) in it.
+    Per CPU second, not per wall-clock second (``1 / requests/s``): the two agree only when the
+    server kept its core busy, which the client need not make it do.
+    """
+    _positive(server_cpu_s=server_cpu_s, answered=answered)
+    return server_cpu_s / answered
+
+
+def serial_limit_rps(t_http: float, call_s: float, batch_rows: float) -> float:
+    """``1 / (t_http + t(b)/b)``: requests/s one core can serve at batches of ``b`` rows.
+
+    A prediction from two separate measurements, ``t_http_s`` and the model's call on ``b``
+    rows (``call_s``, in this process), for a server whose HTTP work and model calls take turns
+    on one core. An estimate, not a bound: a run may exceed it a little. With ``b`` the cap
+    ``B`` and full batches it is the queueing model's capacity (``loadtests.queueing.capacity``).
+    """
+    _positive(t_http=t_http, call_s=call_s, batch_rows=batch_rows)
+    return 1.0 / (t_http + call_s / batch_rows)
+
+
+def capacity_rps(answered: int, window_s: float, *, shed: int, mean_batch_rows: float,
+                 max_batch_size: int) -> float:
+    """Capacity: requests answered (200) per second by a saturated server that shed nothing.
+
+    Measured, not predicted: closed-loop clients without think time, at least twice
+    MAX_BATCH_SIZE and at most the server's queue size of them (so nothing can be shed), drive
+    one model; the server's own count of 200s over a window inside the run (``/metrics``
+    deltas) divided by the window's seconds. It is a capacity only if the batches ran back to
+    back nearly full (mean batch ≥ ``SATURATED_BATCH_SHARE`` × MAX_BATCH_SIZE) and nothing was
+    shed: a ValueError says which condition failed. What a server serves while shedding is
+    less (the 503s take core time), and is not its capacity.
+    """
+    _positive(window_s=window_s, max_batch_size=max_batch_size)
+    if shed:
+        raise ValueError(f"{shed} requests were shed: a run that sheds does not measure capacity")
+    if mean_batch_rows < SATURATED_BATCH_SHARE * max_batch_size:
+        raise ValueError(f"mean batch {mean_batch_rows:g} < {SATURATED_BATCH_SHARE:g} × "
+                         f"{max_batch_size}: the server was not saturated")
+    return answered / window_s
+
+
+def served_gain(capacity_batched_rps: float, capacity_unbatched_rps: float) -> float:
+    """Gain through the server: capacity with batching on over capacity with it off.
+
+    Both ``capacity_rps`` of one model on one core, at MAX_BATCH_SIZE ``B`` and at 1. It differs
+    from the model's ``speedup``: batching divides the model's fixed part and the server's
+    per-call work, not the server's per-request work.
+    """
+    _positive(capacity_batched_rps=capacity_batched_rps, capacity_unbatched_rps=capacity_unbatched_rps)
+    return capacity_batched_rps / capacity_unbatched_rps
+
+
+def efficiency(measured_rps: float, limit_rps: float) -> float:
+    """Measured throughput over the serial limit (``serial_limit_rps``), both per CPU second.
+
+    Near 1: the two-part account (``t_http`` + the model's share of a call) explains what the
+    server served. Well under 1: the server pays for something the account leaves out.
+    """
+    _positive(limit_rps=limit_rps)
+    if measured_rps < 0:
+        raise ValueError(f"measured_rps must not be negative, got {measured_rps!r}")
+    return measured_rps / limit_rps
+
+
+def busy_fraction(model_call_s: float, window_s: float) -> float:
+    """Busy fraction: seconds inside model calls over the window's seconds (the device's view).
+
+    From the server's ``mmserver_compute_seconds`` (its ``_sum`` delta over the window). On a
+    GPU that is the device's time; on a CPU the time the model's thread spent in calls, which
+    on one shared core includes the event loop's turns. A call that straddles the window's
+    start counts whole, so a saturated device may read a few per cent over 1. Busy is not
+    needed: ``device_seconds_per_request`` says what the load needs.
+    """
+    _positive(window_s=window_s)
+    if model_call_s < 0:
+        raise ValueError(f"model_call_s must not be negative, got {model_call_s!r}")
+    return model_call_s / window_s
+
+
+def core_share(server_cpu_s: float, window_s: float) -> float:
+    """How busy the server's *core* was: its process's CPU seconds over the window's seconds.
+
+    Not the busy fraction (``busy_fraction`` counts model calls): a server can keep its core
+    busy with HTTP work while the device idles, and a simulated device idles no core at all.
+    """
+    _positive(window_s=window_s)
+    if server_cpu_s < 0:
+        raise ValueError(f"server_cpu_s must not be negative, got {server_cpu_s!r}")
+    return server_cpu_s / window_s
+
+
+def device_seconds_per_request(model_call_s: float, answered: int) -> float:
+    """Device time per request: seconds inside model calls over requests answered (200).
+
+    The same window and the same ``mmserver_compute_seconds`` as ``busy_fraction``. What the
+    load needs of the device: its inverse is the requests/s the device could carry at the
+    batches that formed. MAX_WAIT below capacity lowers it (fuller batches), at a price in
+    latency.
+    """
+    _positive(answered=answered)
+    if model_call_s < 0:
+        raise ValueError(f"model_call_s must not be negative, got {model_call_s!r}")
+    return model_call_s / answered
+
+
+def device_time_saved(greedy_s_per_request: float, waiting_s_per_request: float) -> float:
+    """Share of greedy's device time per request that a MAX_WAIT saves at the same load.
+
+    ``1 − waiting / greedy``, both ``device_seconds_per_request`` at one offered load below
+    capacity. The saved time is worth something only when something else uses the device
+    (another model, a bill per device-second); it is not headroom for the same model, whose
+    batches fill at saturation under greedy anyway.
+    """
+    _positive(greedy_s_per_request=greedy_s_per_request)
+    if waiting_s_per_request < 0:
+        raise ValueError(f"waiting_s_per_request must not be negative, got {waiting_s_per_request!r}")
+    return 1.0 - waiting_s_per_request / greedy_s_per_request
+
+
+# -- comparing measurements ----------------------------------------------------------------------
+
+
+def agree(a: float, b: float, band: float = NOISE_BAND) -> bool:
+    """Whether two positive measurements of one quantity are the same number within ``band``.
+
+    Symmetric: the larger is at most ``1 + band`` times the smaller (a band's edge agrees,
+    whatever the last bit of its float product says).
+    """
+    _positive(a=a, b=b)
+    return max(a, b) / min(a, b) - 1.0 <= band + 1e-9
+
+
+def indistinguishable(range_a: tuple[float, float], range_b: tuple[float, float],
+                      band: float = NOISE_BAND) -> bool:
+    """Whether two p99s, each a (lowest, highest) over its repeats, cannot be ranked.
+
+    Two ranges over repeats that overlap cannot be told apart; a single repeat (lowest ==
+    highest) is widened to ``band`` above it, as ``loadtests.plots.recommend`` widens it.
+    """
+    def widened(r):
+        low, high = r
+        if low > high:
+            raise ValueError(f"a range is (lowest, highest), got {r!r}")
+        return (low, high * (1.0 + band)) if low == high else (low, high)
+
+    (low_a, high_a), (low_b, high_b) = widened(range_a), widened(range_b)
+    return low_a <= high_b and low_b <= high_a

@@ -1,0 +1,170 @@
+"""``loadtests.definitions``: each quantity of the lesson on numbers worked out by hand.
+
+The calls of the main example lie on the line ``t(b) = 10 ms + 2 ms·b`` at b = 2, 4, 8, with
+a slow batch 1 (15 ms against the line's 12) and a batch of 16 at 40 ms:
+
+    b        1      2      4      8      16
+    t(b) ms  15     14     18     26     40
+    b/t(b)   66.7   142.9  222.2  307.7  400    rows/s
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from loadtests import definitions as d
+from loadtests import queueing
+
+SIZES = [1, 2, 4, 8, 16]
+CALLS_S = [0.015, 0.014, 0.018, 0.026, 0.040]
+
+
+def exactly(value):
+    return pytest.approx(value, rel=1e-12, abs=1e-15)
+
+
+# -- the cost line, the lone call, the fixed share ---------------------------------------------
+
+
+def test_the_line_goes_through_2_4_8_only():
+    assert d.fit_cost_line(SIZES, CALLS_S) == (exactly(0.010), exactly(0.002))
+    # batch 1 and batch 16 play no part: move them anywhere, the line stays
+    assert d.fit_cost_line(SIZES, [1.0, 0.014, 0.018, 0.026, 9.0]) == (exactly(0.010), exactly(0.002))
+
+
+def test_the_line_is_least_squares_when_the_points_are_off_it():
+    # b = 2, 4, 8 at 14, 20, 26 ms: mean b 14/3, mean t 20 ms, Sxy = 0.036, Sxx = 168/9
+    # c = 0.036 * 9 / 168 = 27/14000 s, F = 0.020 - c * 14/3 = 0.011 s
+    fixed_s, per_row_s = d.fit_cost_line([2, 4, 8], [0.014, 0.020, 0.026])
+    assert per_row_s == exactly(27 / 14000)
+    assert fixed_s == exactly(0.011)
+
+
+def test_the_line_needs_two_of_its_sizes():
+    with pytest.raises(ValueError, match="two or more"):
+        d.fit_cost_line([1, 2, 16], [0.015, 0.014, 0.040])
+    with pytest.raises(ValueError, match="one call time per batch size"):
+        d.fit_cost_line([2, 4], [0.014])
+
+
+def test_the_lone_call_is_the_cheaper_reading_of_one_row():
+    assert d.lone_call_seconds(SIZES, CALLS_S) == exactly(0.012)       # slow batch 1: the line's
+    fast_one = [0.011, *CALLS_S[1:]]
+    assert d.lone_call_seconds(SIZES, fast_one) == exactly(0.011)      # fast batch 1: measured
+    with pytest.raises(ValueError, match="batch of 1"):
+        d.lone_call_seconds(SIZES[1:], CALLS_S[1:])
+
+
+def test_fixed_share_is_F_over_F_plus_c():
+    assert d.fixed_share(0.010, 0.002) == exactly(5 / 6)
+    assert d.fixed_share(0.0, 0.002) == 0.0
+    with pytest.raises(ValueError, match="rise"):
+        d.fixed_share(0.010, 0.0)
+
+
+# -- the offline ceiling and the speedup ---------------------------------------------------------
+
+
+def test_offline_ceiling_is_the_best_measured_rows_per_second_up_to_the_cap():
+    assert d.offline_ceiling_rps(SIZES, CALLS_S) == (exactly(400.0), 16)
+    ceiling, best = d.offline_ceiling_rps(SIZES, CALLS_S, max_batch_size=8)
+    assert (ceiling, best) == (exactly(8 / 0.026), 8)
+    assert d.offline_ceiling_rps(SIZES, CALLS_S, max_batch_size=12) == (exactly(8 / 0.026), 8)
+    with pytest.raises(ValueError, match="within max_batch_size"):
+        d.offline_ceiling_rps([16], [0.040], max_batch_size=8)
+
+
+def test_offline_ceiling_at_equal_rates_takes_the_smaller_batch():
+    assert d.offline_ceiling_rps([4, 8], [0.010, 0.020]) == (exactly(400.0), 4)
+
+
+def test_speedup_is_the_ceiling_times_the_lone_call():
+    assert d.speedup(SIZES, CALLS_S) == exactly(400 * 0.012)                       # 4.8
+    assert d.speedup(SIZES, CALLS_S, max_batch_size=8) == exactly(0.096 / 0.026)  # 48/13
+    # against the measured (slow) batch 1 it would read 400 * 0.015 = 6.0: not what we report
+    assert d.speedup(SIZES, CALLS_S) < 400 * 0.015
+
+
+def test_offline_ceiling_agrees_with_the_queueing_models_line():
+    cost = queueing.BatchCost(a=0.010, c=0.002)
+    assert cost.offline_ceiling(16) == exactly(16 / 0.042)
+    assert d.offline_ceiling_rps([16], [cost(16)]) == (exactly(cost.offline_ceiling(16)), 16)
+
+
+# -- the server ----------------------------------------------------------------------------------
+
+
+def test_t_http_is_cpu_seconds_per_answer():
+    assert d.t_http_s(0.469, 1000) == exactly(469e-6)
+    with pytest.raises(ValueError):
+        d.t_http_s(0.469, 0)
+
+
+def test_serial_limit():
+    # notebook 04's numbers: t_http 469 µs, a batch of 16 at 9.6 ms (600 µs a row)
+    assert d.serial_limit_rps(469e-6, 0.0096, 16) == exactly(1 / 1069e-6)
+    assert round(d.serial_limit_rps(469e-6, 0.0096, 16)) == 935
+
+
+def test_serial_limit_at_full_batches_is_the_queueing_models_capacity():
+    cost = queueing.BatchCost(a=0.010, c=0.002)
+    assert d.serial_limit_rps(0.0005, cost(16), 16) == exactly(queueing.capacity(cost, 0.0005, 16))
+
+
+def test_capacity_is_answers_per_second_when_saturated_and_nothing_shed():
+    assert d.capacity_rps(1340, 10.0, shed=0, mean_batch_rows=32.0, max_batch_size=32) == exactly(134.0)
+    assert d.capacity_rps(1200, 10.0, shed=0, mean_batch_rows=24.0, max_batch_size=32) == exactly(120.0)
+    assert d.capacity_rps(430, 10.0, shed=0, mean_batch_rows=1.0, max_batch_size=1) == exactly(43.0)
+
+
+def test_capacity_refuses_a_run_that_shed_or_was_not_saturated():
+    with pytest.raises(ValueError, match="shed"):
+        d.capacity_rps(1190, 10.0, shed=50, mean_batch_rows=16.0, max_batch_size=16)
+    with pytest.raises(ValueError, match="not saturated"):
+        d.capacity_rps(620, 10.0, shed=0, mean_batch_rows=23.9, max_batch_size=32)
+
+
+def test_served_gain_and_efficiency_are_ratios():
+    assert d.served_gain(150.0, 50.0) == exactly(3.0)
+    assert d.efficiency(900.0, 1000.0) == exactly(0.9)
+    assert d.efficiency(0.0, 1000.0) == 0.0
+    with pytest.raises(ValueError):
+        d.served_gain(150.0, 0.0)
+
+
+def test_busy_fraction_core_share_and_device_time_per_request():
+    assert d.busy_fraction(3.4, 5.0) == exactly(0.68)
+    assert d.busy_fraction(5.1, 5.0) == exactly(1.02)   # a call straddling the window's start
+    assert d.core_share(4.8, 5.0) == exactly(0.96)
+    assert d.device_seconds_per_request(0.6, 100) == exactly(0.006)
+    with pytest.raises(ValueError):
+        d.busy_fraction(1.0, 0.0)
+    with pytest.raises(ValueError):
+        d.device_seconds_per_request(-0.1, 100)
+
+
+def test_device_time_saved_by_a_wait():
+    assert d.device_time_saved(0.020, 0.005) == exactly(0.75)
+    assert d.device_time_saved(0.020, 0.020) == 0.0
+    assert d.device_time_saved(0.020, 0.025) == exactly(-0.25)   # a wait can cost device time too
+
+
+# -- comparing measurements ----------------------------------------------------------------------
+
+
+def test_agree_within_the_noise_band():
+    assert d.NOISE_BAND == 0.15
+    assert d.agree(100.0, 115.0) and d.agree(115.0, 100.0)
+    assert not d.agree(100.0, 116.0) and not d.agree(116.0, 100.0)
+    assert d.agree(100.0, 120.0, band=0.2)
+    # notebook 01's 148 and notebook 06's 134 requests/s agree; 148 and 116 do not
+    assert d.agree(148.0, 134.0) and not d.agree(148.0, 116.0)
+
+
+def test_indistinguishable_p99s():
+    assert d.indistinguishable((250.0, 370.0), (300.0, 430.0))      # ranges overlap
+    assert not d.indistinguishable((110.0, 140.0), (150.0, 320.0))  # they do not
+    assert d.indistinguishable((100.0, 100.0), (114.0, 114.0))      # one repeat: widened 15 %
+    assert not d.indistinguishable((100.0, 100.0), (116.0, 116.0))
+    with pytest.raises(ValueError, match="lowest, highest"):
+        d.indistinguishable((300.0, 250.0), (300.0, 430.0))

@@ -1,0 +1,178 @@
+"""Measured figures belong in the run's output, not in the notebooks' markdown.
+
+A figure typed into markdown (``148 req/s``, ``3.5×``, ``469 µs``) is true of one run and
+contradicts the next. ``loadtests.claims`` finds such figures; the markdown may keep only those
+listed in ``claims.CITED_CONSTANTS`` (a published constant with its source, or a setting the
+notebook's code assigns). This file tests the scanner on synthetic markdown, checks the list
+against the notebooks, and holds the committed notebooks to a ratchet: no notebook may carry
+more uncited figures than it did when the ratchet was set, and all of them together no more
+than their sum, so the count can only fall while the notebooks are rewritten.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loadtests import claims
+from loadtests.claims import Cited, Figure
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+#: Uncited figures in each notebook's markdown when the ratchet was set (the committed,
+#: executed notebooks of issue 28's start). A ceiling may only be lowered: lower it to the
+#: new count whenever a rewrite brings a notebook's count down.
+RATCHET = {
+    "01_why_batching": 29,
+    "02_the_books_model_runner": 4,
+    "03_what_breaks_and_how_we_fix_it": 20,
+    "04_from_runner_to_http_server": 32,
+    "05_the_multi_model_contract": 10,
+    "06_load_testing_with_locust": 80,
+    "07_choosing_max_batch_size_and_max_wait": 113,
+    "08_latency_for_gpu_throughput": 23,
+    "09_one_endpoint_many_machines": 48,
+}
+#: All notebooks together, appendix notebooks included: prose may move between notebooks,
+#: its figures may not multiply.
+RATCHET_TOTAL = sum(RATCHET.values())   # 359
+
+#: Issue 28's target: at most this many figures in the markdown of all notebooks together,
+#: every one of them in CITED_CONSTANTS (a cited constant or a setting). Once the notebooks are
+#: rewritten this becomes the assertion: ``count(figures) <= FINAL_MAX_FIGURES`` and no figure
+#: uncited, replacing RATCHET and RATCHET_TOTAL.
+FINAL_MAX_FIGURES = 25
+
+
+def texts(markdown: str) -> list[str]:
+    return [f.text for f in claims.figures(markdown)]
+
+
+# -- the scanner, on synthetic markdown ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("markdown, expected", [
+    ("one call took 24.57 ms here", ["24.57 ms"]),
+    ("the server answered 148 req/s", ["148 req/s"]),
+    ("it served 148 requests/s, then 96/s", ["148 requests/s", "96/s"]),
+    ("1709 requests per second", ["1709 requests per second"]),
+    ("876 requests per CPU second", ["876 requests per CPU second"]),
+    ("batching on serves 3.5× the requests", ["3.5×"]),
+    ("a gain of 1.98x (two hosts), or (1.98x)", ["1.98x", "1.98x"]),
+    ("83 % shed, 44% of its core", ["83 %", "44%"]),
+    ("five per cent: 5 per cent", ["5 per cent"]),
+    ("0.5 s, 2 min, 469 µs, 469 us, 12 ns", ["0.5 s", "2 min", "469 µs", "469 us", "12 ns"]),
+    ("a pause of 2 seconds and 1.5s more", ["2 seconds", "1.5s"]),
+    ("at 10 Hz or 30 rps", ["10 Hz", "30 rps"]),
+    ("about 1,100 requests/s on a V100", ["1,100 requests/s"]),
+    ("p99 1338 ms\u00a0and 335\u202fms", ["1338 ms", "335 ms"]),
+    ("**148** req/s is bold, 148 **req/s** is not found", []),
+    ("## Capacity: 134 req/s", ["134 req/s"]),
+])
+def test_finds_measured_looking_figures(markdown, expected):
+    assert texts(markdown) == expected
+
+
+@pytest.mark.parametrize("markdown", [
+    "3×64×64 inputs and a 3x3 convolution, 1×3×128×128 rows",
+    "PCIe 3.0 x16, resnet50v1.5, x3 the time",
+    "a batch of 16 rows, the 99th percentile, p99, step 2, §3",
+    "t(16)/16 and t(b)/b, b = 2, 4 and 8",
+    "the 200s and the 503s, a 507s",
+    "`--max-wait-ms 20` and ``148 req/s`` are code",
+    "```\nserved 148 req/s\n```",
+    "~~~python\nprint('3.5x')\n~~~",
+    "text\n\n    limit = 1 / (469 µs + 600 µs)\n\nmore text",
+    "[the table](https://example.org/10ms-100%25) and <img width=50%>",
+    "5 sizes, 12 models, 4 MiB, 64 KiB, 5.5 MB",
+])
+def test_leaves_out_what_is_not_a_figure(markdown):
+    assert texts(markdown) == []
+
+
+def test_a_range_or_comparison_counts_each_number():
+    found = claims.figures("116–119 req/s; 59 against 54 ms; 43 -> 120 ms; 130-320 ms; "
+                           "between 45 and 52 ms; 13.6 to 35.4 ms; 0.3 s")
+    assert [(f.text, f.numbers) for f in found] == [
+        ("116–119 req/s", 2), ("59 against 54 ms", 2), ("43 -> 120 ms", 2), ("130-320 ms", 2),
+        ("45 and 52 ms", 2), ("13.6 to 35.4 ms", 2), ("0.3 s", 1)]
+    assert claims.count(found) == 13
+
+
+def test_a_batch_size_before_a_range_is_not_a_figure():
+    found = claims.figures("it rose from 5.847 ms at batch 64 to 6.035 ms at 128")
+    assert [(f.text, f.numbers) for f in found] == [("5.847 ms", 1), ("6.035 ms", 1)]
+
+
+def test_each_figure_has_its_kind_notebook_and_cell():
+    found = claims.figures("469 µs, 148 req/s, 3.5×, 44 %", "04_x", 17)
+    assert [(f.kind, f.notebook, f.cell) for f in found] == [
+        ("time", "04_x", 17), ("rate", "04_x", 17), ("share", "04_x", 17), ("share", "04_x", 17)]
+
+
+def test_cited_figures_are_allowed_only_in_their_notebook():
+    found = [Figure("60 s", 1, "time", "09_a"), Figure("60 s", 1, "time", "01_b"),
+             Figure("148 req/s", 1, "rate", "09_a")]
+    cited = (Cited("60 s", "09_a", "AWS documentation"),)
+    assert claims.uncited(found, cited) == found[1:]
+    assert claims.uncited(found, ()) == found
+
+
+def test_a_setting_names_its_constant():
+    assert Cited("0.25 s", "09_a", "setting LOAD_SECONDS").setting == "LOAD_SECONDS"
+    assert Cited("60 s", "09_a", "AWS documentation").setting is None
+
+
+def test_assigned_names_and_words(tmp_path):
+    import json
+
+    notebook = tmp_path / "01_x.ipynb"
+    notebook.write_text(json.dumps({"cells": [
+        {"cell_type": "markdown", "source": ["Five words, `not this code`, ", "and 148 req/s. |"]},
+        {"cell_type": "code", "source": "LOAD_SECONDS = 0.25\nA, B = 1, 2\nif A == B:\n    pass\n"},
+    ]}))
+    assert claims.assigned_names(notebook) >= {"LOAD_SECONDS", "A", "B"}
+    assert "if A" not in claims.assigned_names(notebook)
+    assert claims.markdown_words(notebook) == 5   # Five words and 148 req/s.
+    assert [(f.text, f.cell) for f in claims.notebook_figures(notebook)] == [("148 req/s", 0)]
+
+
+# -- the list of cited constants, against the notebooks -------------------------------------------
+
+
+def test_there_are_notebooks_to_scan():
+    assert len(NOTEBOOKS) >= 9, NOTEBOOKS
+
+
+@pytest.mark.parametrize("entry", claims.CITED_CONSTANTS, ids=lambda c: f"{c.notebook}:{c.text}")
+def test_every_cited_constant_stands_in_its_notebook(entry):
+    path = ROOT / "notebooks" / f"{entry.notebook}.ipynb"
+    assert path.exists(), f"{entry.notebook} is not a notebook"
+    assert entry.source.strip(), entry
+    assert entry.text in {f.text for f in claims.notebook_figures(path)}, (
+        f"{entry.text!r} no longer stands in {entry.notebook}'s markdown: remove the entry")
+    if entry.setting is not None:
+        assert entry.setting in claims.assigned_names(path), (
+            f"{entry.notebook} cites {entry.text!r} as the setting {entry.setting}, "
+            "which its code does not assign")
+
+
+# -- the ratchet ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_uncited_figures_do_not_grow(notebook):
+    left = claims.uncited(claims.notebook_figures(notebook))
+    ceiling = RATCHET.get(notebook.stem, 0)  # a notebook written since is claims-as-code
+    listing = "\n".join(f"  cell {f.cell}: {f.text}" for f in left)
+    assert claims.count(left) <= ceiling, (
+        f"{notebook.stem} carries {claims.count(left)} uncited figures in its markdown, more than "
+        f"its ceiling of {ceiling}: print measured numbers from code, or cite the constant in "
+        f"loadtests.claims.CITED_CONSTANTS\n{listing}")
+
+
+def test_uncited_figures_of_all_notebooks_do_not_grow():
+    total = sum(claims.count(claims.uncited(claims.notebook_figures(p))) for p in NOTEBOOKS)
+    assert total <= RATCHET_TOTAL, (total, RATCHET_TOTAL)
