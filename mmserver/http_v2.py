@@ -1,6 +1,7 @@
 """The Open Inference Protocol (KServe v2) over HTTP, beside SageMaker's routes on the same port.
 
-Routes, with Triton's binary tensor data and model repository extensions::
+Routes, with Triton's binary tensor data, model repository, model configuration and
+statistics extensions (the last two read off the model by :mod:`mmserver.triton_extensions`)::
 
     GET  /v2/health/live                          200 while the server runs
     GET  /v2/health/ready                         200 while it serves
@@ -8,6 +9,8 @@ Routes, with Triton's binary tensor data and model repository extensions::
     GET  /v2/models/{name}[/versions/1]           model metadata: platform, inputs, outputs
     GET  /v2/models/{name}[/versions/1]/ready     200 when the model serves
     POST /v2/models/{name}[/versions/1]/infer     tensors in, tensors out
+    GET  /v2/models/{name}[/versions/1]/config    Triton's model configuration
+    GET  /v2/models[/{name}[/versions/1]]/stats   Triton's statistics, from the runner's totals
     POST /v2/repository/index                     the model roots' folders and their state
     POST /v2/repository/models/{name}/load        load the folder {name} (management)
     POST /v2/repository/models/{name}/unload      unload {name} (management)
@@ -44,7 +47,7 @@ import numpy as np
 import torch
 from aiohttp import hdrs, web
 
-from mmserver import errors, v2_tensors
+from mmserver import errors, triton_extensions, v2_tensors
 from mmserver.batching.rows import leaves, rows_of
 from mmserver.handlers import EXPORTED, SCRIPT, TORCHSCRIPT
 from mmserver.http_errors import INVOCATION, V2
@@ -57,7 +60,7 @@ from mmserver.toolkit import RequestContext
 PREFIX = "/v2"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 SERVER_NAME = "mmserver"
-EXTENSIONS = ("binary_tensor_data", "model_repository")
+EXTENSIONS = ("binary_tensor_data", "model_repository", "model_configuration", "statistics")
 #: Every model has this one version.
 VERSION = "1"
 PLATFORMS = {SCRIPT: "python", TORCHSCRIPT: "pytorch_torchscript", EXPORTED: "pytorch_export"}
@@ -120,6 +123,20 @@ async def model_ready(request: web.Request) -> web.Response:
         raise errors.ModelUnhealthy(f"model {info.name!r} is unhealthy: "
                                     f"{STATES['unhealthy'][1]}")
     return web.Response()
+
+
+async def model_config(request: web.Request) -> web.Response:
+    model = _model(request)
+    return web.json_response(
+        triton_extensions.model_config(model, PLATFORMS[model.handler.kind]))
+
+
+async def model_statistics(request: web.Request) -> web.Response:
+    """One model's statistics, or every ready model's without a name (as Triton answers)."""
+    models = [_model(request)] if "name" in request.match_info else [
+        model for model in request.app[REGISTRY].ready() if model.status == "ready"]
+    return web.json_response({"model_stats": [
+        triton_extensions.model_stats(model, VERSION) for model in models]})
 
 
 def _model(request: web.Request) -> LoadedModel:
@@ -338,10 +355,16 @@ ROUTES = tuple(Route(method, PREFIX + path, handler, management=management, prot
     ("GET", "/health/live", live, False),
     ("GET", "/health/ready", ready, False),
     ("GET", "", server_metadata, False),
+    # Before /models/{name}, which would take "stats" for a model's name (Triton's path too).
+    ("GET", "/models/stats", model_statistics, False),
     ("GET", "/models/{name}", model_metadata, False),
     ("GET", "/models/{name}/versions/{version}", model_metadata, False),
     ("GET", "/models/{name}/ready", model_ready, False),
     ("GET", "/models/{name}/versions/{version}/ready", model_ready, False),
+    ("GET", "/models/{name}/config", model_config, False),
+    ("GET", "/models/{name}/versions/{version}/config", model_config, False),
+    ("GET", "/models/{name}/stats", model_statistics, False),
+    ("GET", "/models/{name}/versions/{version}/stats", model_statistics, False),
     ("POST", "/models/{name}/infer", infer, False),
     ("POST", "/models/{name}/versions/{version}/infer", infer, False),
     ("POST", "/repository/index", repository_index, False),

@@ -39,7 +39,9 @@ KNOWN_V2_MODEL = "fuzz-identity"
 AIMED = {"GET /models/{name}", "POST /models/{name}/invoke", "POST /invocations"}
 AIMED_V2 = {"GET /v2/models/{name}", "GET /v2/models/{name}/versions/{version}",
             "GET /v2/models/{name}/ready", "GET /v2/models/{name}/versions/{version}/ready",
-            "POST /v2/models/{name}/infer", "POST /v2/models/{name}/versions/{version}/infer"}
+            "POST /v2/models/{name}/infer", "POST /v2/models/{name}/versions/{version}/infer",
+            "GET /v2/models/{name}/config", "GET /v2/models/{name}/versions/{version}/config",
+            "GET /v2/models/{name}/stats", "GET /v2/models/{name}/versions/{version}/stats"}
 V2_INFER = {"inputs": [{"name": "INPUT__0", "datatype": "INT16", "shape": [1, 2],
                         "data": [7, -3]}]}
 

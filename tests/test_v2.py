@@ -17,6 +17,7 @@ import importlib.metadata
 import io
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -202,7 +203,8 @@ def test_health_and_server_metadata(server, client):
     assert client.is_server_live() and client.is_server_ready()
     assert client.get_server_metadata() == {
         "name": "mmserver", "version": importlib.metadata.version("mmserver"),
-        "extensions": ["binary_tensor_data", "model_repository"]}
+        "extensions": ["binary_tensor_data", "model_repository", "model_configuration",
+                       "statistics"]}
     status, _, raw = server.request("GET", "/v2/health/live")
     assert (status, raw) == (200, b"")
 
@@ -222,6 +224,74 @@ def test_model_metadata_from_each_source(client):
         "outputs": [{"name": "OUTPUT__0", "datatype": "FP32", "shape": [-1, 3]},
                     {"name": "OUTPUT__1", "datatype": "FP32", "shape": [-1]}]}
     assert client.get_model_metadata("recorder")["platform"] == "python"
+
+
+# -- Triton's model configuration and statistics extensions ---------------------------
+
+
+def test_model_configuration_as_triton_answers_it(server, client):
+    config = client.get_model_config("linear")
+    assert config == {
+        "name": "linear", "platform": "pytorch_torchscript", "backend": "pytorch",
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": 16,
+        "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": ["3"]}],
+        "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": ["2"]}],
+        "dynamic_batching": {"max_queue_delay_microseconds": "5000", "preserve_ordering": True,
+                             "default_queue_policy": {"timeout_action": "REJECT",
+                                                      "max_queue_size": 256}},
+        "instance_group": [{"name": "linear", "count": 1, "kind": "KIND_CPU"}],
+        "parameters": {"mmserver_policy": {"string_value": "greedy"}}}
+    batched = client.get_model_config("batched", "1")  # mmserver.json: timer, 50 ms
+    assert batched["dynamic_batching"]["max_queue_delay_microseconds"] == "50000"
+    assert batched["parameters"] == {"mmserver_policy": {"string_value": "timer"}}
+    exported = client.get_model_config("exported")
+    assert [(t["name"], t["dims"]) for t in exported["input"] + exported["output"]] == [
+        ("x", ["3"]), ("y", ["3"]), ("OUTPUT__0", ["3"]), ("OUTPUT__1", [])]
+    not_row_wise = client.get_model_config("one_request")  # whole requests: no rows to batch
+    assert (not_row_wise["max_batch_size"], not_row_wise["backend"]) == (0, "python")
+    assert not_row_wise["input"] == [{"name": "INPUT__0", "data_type": "TYPE_FP32",
+                                      "dims": ["-1"]}]
+    with pytest.raises(InferenceServerException, match="no_such"):
+        client.get_model_config("no_such")
+
+
+CALL_SECONDS = 0.05
+
+
+def test_statistics_count_rows_calls_and_time_as_triton_does(server, client, v2_root):
+    write_code(v2_root / "counted", SLOW_CODE)  # each call sleeps its first value's seconds
+    assert server.load("counted", "counted")[0] == 200
+    started = time.perf_counter()
+    for rows in (1, 2, 3):  # one after the other: one call each
+        assert server.invoke("counted", [[CALL_SECONDS, 2.0, 3.0]] * rows)[0] == 200
+    wall_ns = (time.perf_counter() - started) * 1e9
+    [stats] = client.get_inference_statistics("counted")["model_stats"]
+    assert (stats["name"], stats["version"]) == ("counted", "1")
+    assert (stats["inference_count"], stats["execution_count"]) == (6, 3)
+    inference = stats["inference_stats"]
+    assert {k: inference[k]["count"] for k in ("success", "fail", "queue", "compute_infer")} == {
+        "success": 3, "fail": 0, "queue": 3, "compute_infer": 3}
+    # Each request's call slept CALL_SECONDS; its time in the runner holds its call, and the
+    # three fit in the client's wall time (the loop's clock ticks in whole milliseconds).
+    tick_ns = 1e6
+    assert inference["compute_infer"]["ns"] >= 3 * (CALL_SECONDS * 1e9 - tick_ns)
+    assert inference["success"]["ns"] <= wall_ns
+    assert inference["success"]["ns"] == pytest.approx(
+        inference["queue"]["ns"] + inference["compute_infer"]["ns"], abs=3)
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [
+        (1, 1), (2, 1), (3, 1)]
+    assert all(b["compute_infer"]["ns"] >= CALL_SECONDS * 1e9 - tick_ns
+               for b in stats["batch_stats"])
+    assert sum(b["compute_infer"]["ns"] for b in stats["batch_stats"]) == pytest.approx(
+        inference["compute_infer"]["ns"], abs=3)
+    assert abs(stats["last_inference"] / 1000 - time.time()) < 60
+    every = client.get_inference_statistics()["model_stats"]
+    assert "counted" in [s["name"] for s in every] and "linear" in [s["name"] for s in every]
+    assert server.unload("counted")[0] == 200
+    with pytest.raises(InferenceServerException, match="counted"):
+        client.get_inference_statistics("counted")
+    shutil.rmtree(v2_root / "counted")  # the repository index test lists the folders exactly
 
 
 def test_model_ready_and_versions(server, client):
@@ -459,9 +529,13 @@ def test_every_route_with_the_aio_client(server, client):
         async with triton_aio.InferenceServerClient(address(server)) as aio:
             assert await aio.is_server_live() and await aio.is_server_ready()
             assert (await aio.get_server_metadata())["extensions"] == [
-                "binary_tensor_data", "model_repository"]
+                "binary_tensor_data", "model_repository", "model_configuration", "statistics"]
             assert await aio.get_model_metadata("affine", "1") == \
                 await aio.get_model_metadata("affine")
+            assert await aio.get_model_config("affine", "1") == \
+                await aio.get_model_config("affine")
+            assert (await aio.get_inference_statistics("affine"))["model_stats"][0]["name"] == \
+                "affine"
             assert await aio.is_model_ready("affine", "1")
             await aio.load_model("v2loaded")
             ready = await aio.is_model_ready("v2loaded")

@@ -269,17 +269,21 @@ class ModelRunner:
                     model_seconds: float | None) -> None:
         """On the loop, after an instance ran ``batch``: record it and wake the loop."""
         now = self._loop.time()
-        failed = sum(1 for r in batch if r.future.done() and not r.future.cancelled()
-                     and r.future.exception() is not None)
-        rows = sum(r.rows for r in batch)
-        if self.sizer is not None and model_seconds is not None:
-            self.sizer.record(rows, model_seconds)
-        self._record(BatchRecord(rows=rows, requests=len(batch),
-                                 queue_wait_seconds=tuple(started - r.arrival for r in batch),
-                                 compute_seconds=now - started, failed_requests=failed))
         for request in batch:  # a batch that died with a bug of ours is answered too
             answer(request, self.stats, error=RunnerClosed(
                 f"model {self.name!r} failed to run this request; see the server log"))
+        answered = [r for r in batch if not r.future.cancelled()]
+        failed = [r for r in answered if r.future.exception() is not None]
+        rows = sum(r.rows for r in batch)
+        if self.sizer is not None and model_seconds is not None:
+            self.sizer.record(rows, model_seconds)
+        self._record(BatchRecord(
+            rows=rows, requests=len(batch),
+            queue_wait_seconds=tuple(started - r.arrival for r in batch),
+            compute_seconds=now - started, failed_requests=len(failed),
+            completed_seconds=sum(now - r.arrival for r in answered) - sum(
+                now - r.arrival for r in failed),
+            failed_seconds=sum(now - r.arrival for r in failed)))
         self._wakeup.set()
 
     def _record(self, record: BatchRecord) -> None:

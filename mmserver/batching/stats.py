@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +22,10 @@ class BatchRecord:
     queue_wait_seconds: tuple[float, ...]
     compute_seconds: float
     failed_requests: int
+    #: Seconds from arrival to the end of the call, summed over the requests it answered
+    #: with a result, and over those it answered with an error.
+    completed_seconds: float = 0.0
+    failed_seconds: float = 0.0
 
 
 @dataclasses.dataclass
@@ -37,12 +42,35 @@ class RunnerStats:
     batches: int = 0
     rows: int = 0
     compute_seconds_total: float = 0.0
+    #: Model-call seconds by the call's number of rows.
+    batch_size_compute_seconds: collections.Counter = dataclasses.field(
+        default_factory=collections.Counter)
+    #: Requests that reached a model call, and their seconds queued before it, summed.
+    requests_batched: int = 0
+    queue_seconds_total: float = 0.0
+    #: Each batched request counted with its whole call's seconds (Triton's compute_infer).
+    request_compute_seconds_total: float = 0.0
+    #: Requests a model call answered with an error, and the seconds from arrival to the end
+    #: of the call summed over those and over the requests it answered with a result.
+    requests_failed_in_calls: int = 0
+    completed_seconds_total: float = 0.0
+    failed_seconds_total: float = 0.0
+    #: When the last model call ended, in seconds since the epoch (0 before the first).
+    last_batch_unix: float = 0.0
 
     def add(self, record: BatchRecord) -> None:
         self.batches += 1
         self.rows += record.rows
         self.batch_size_counts[record.rows] += 1
         self.compute_seconds_total += record.compute_seconds
+        self.batch_size_compute_seconds[record.rows] += record.compute_seconds
+        self.requests_batched += record.requests
+        self.queue_seconds_total += sum(record.queue_wait_seconds)
+        self.request_compute_seconds_total += record.compute_seconds * record.requests
+        self.requests_failed_in_calls += record.failed_requests
+        self.completed_seconds_total += record.completed_seconds
+        self.failed_seconds_total += record.failed_seconds
+        self.last_batch_unix = time.time()
 
     @property
     def mean_batch_size(self) -> float:

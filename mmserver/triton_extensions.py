@@ -1,0 +1,123 @@
+"""Triton's model configuration and statistics extensions, read off a loaded model.
+
+Tools built for Triton read a model's configuration before they send a request
+(``perf_analyzer`` sizes its batches by ``max_batch_size`` and its tensors by
+``input[].dims``) and read its statistics to report where time went. These two
+functions answer with Triton's field names from what mmserver already knows, so
+nothing is configured twice; nothing here knows HTTP.
+
+**Configuration** (``GET /v2/models/{name}/config``), from the model's signature
+(:mod:`mmserver.signatures`) and its batching settings:
+
+* ``max_batch_size`` is the runner's, for a row-wise model (requests are concatenated
+  along dimension 0, so ``dims`` leave that dimension out, as Triton's do); a model that
+  takes whole requests (not row-wise) does not batch rows: 0, with the full shape;
+* ``dynamic_batching.max_queue_delay_microseconds`` is ``max_wait``, and
+  ``default_queue_policy.max_queue_size`` the queue bound (a full queue is rejected, 503,
+  Triton's ``REJECT``); the policy, which Triton has no field for, is the parameter
+  ``mmserver_policy`` (``greedy`` or ``timer``, docs/design.md section 3);
+* ``instance_group`` has the model's instance count, on the CPU or its GPU.
+
+As in Triton's own answer (protobuf's JSON mapping), 64-bit integers are strings.
+
+**Statistics** (``GET /v2/models[/{name}]/stats``), from the runner's running totals
+(:class:`~mmserver.batching.stats.RunnerStats`), durations in nanoseconds:
+
+* ``success``/``fail``: requests a model call answered with a result or an error, and
+  their seconds from joining the queue to the end of that call (requests refused,
+  expired or cancelled before a call are not here; ``/metrics`` counts them);
+  ``queue``: requests that reached a model call, and their seconds queued;
+  ``compute_infer``: the same requests, each with its whole call's seconds, as Triton
+  counts a batch's time for every request in it, so a request's success time is its
+  queue time plus its compute time;
+* ``inference_count`` counts rows (Triton counts every element of a batch),
+  ``execution_count`` model calls; ``batch_stats`` one entry per call size;
+* ``compute_input``/``compute_output`` are 0: decoding and encoding happen outside the
+  runner (in the HTTP worker or the decode threads) and are not timed apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mmserver.handlers import EXPORTED, SCRIPT, TORCHSCRIPT
+from mmserver.loaded_model import LoadedModel
+from mmserver.signatures import TensorSpec
+
+#: What Triton names each kind of model folder's runtime.
+BACKENDS = {SCRIPT: "python", TORCHSCRIPT: "pytorch", EXPORTED: "pytorch"}
+_NS = 1e9
+
+
+def data_type(datatype: str) -> str:
+    """A v2 datatype name as Triton's configuration spells it (``FP32`` → ``TYPE_FP32``)."""
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
+def model_config(model: LoadedModel, platform: str) -> dict[str, Any]:
+    """Triton's model configuration of ``model`` (module docstring); ``platform`` as the
+    model's v2 metadata names it."""
+    handler, settings, device = model.handler, model.runner.settings, model.device
+    row_wise = handler.row_wise
+    max_batch_size = settings.max_batch_size if row_wise else 0
+    group: dict[str, Any] = {"name": model.name, "count": settings.instances,
+                             "kind": "KIND_GPU" if device is not None and device.type == "cuda"
+                             else "KIND_CPU"}
+    if group["kind"] == "KIND_GPU":
+        group["gpus"] = [device.index or 0]
+    return {
+        "name": model.name,
+        "platform": platform,
+        "backend": BACKENDS[handler.kind],
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": max_batch_size,
+        "input": [_tensor(spec, row_wise) for spec in handler.signature.inputs],
+        "output": [_tensor(spec, row_wise) for spec in handler.signature.outputs],
+        "dynamic_batching": {
+            "max_queue_delay_microseconds": str(round(settings.max_wait * 1e6)),
+            "preserve_ordering": True,
+            "default_queue_policy": {"timeout_action": "REJECT",
+                                     "max_queue_size": settings.max_queue_size},
+        },
+        "instance_group": [group],
+        "parameters": {"mmserver_policy": {"string_value": settings.policy}},
+    }
+
+
+def _tensor(spec: TensorSpec, row_wise: bool) -> dict[str, Any]:
+    dims = spec.shape[1:] if row_wise else spec.shape
+    return {"name": spec.name, "data_type": data_type(spec.datatype),
+            "dims": [str(d) for d in dims]}
+
+
+def model_stats(model: LoadedModel, version: str) -> dict[str, Any]:
+    """Triton's statistics of ``model`` since it was loaded (module docstring)."""
+    stats = model.runner.stats
+    batched = stats.requests_batched
+    return {
+        "name": model.name,
+        "version": version,
+        "last_inference": round(stats.last_batch_unix * 1000),
+        "inference_count": stats.rows,
+        "execution_count": stats.batches,
+        "inference_stats": {
+            "success": _duration(stats.requests_completed, stats.completed_seconds_total),
+            "fail": _duration(stats.requests_failed_in_calls, stats.failed_seconds_total),
+            "queue": _duration(batched, stats.queue_seconds_total),
+            "compute_input": _duration(0, 0.0),
+            "compute_infer": _duration(batched, stats.request_compute_seconds_total),
+            "compute_output": _duration(0, 0.0),
+            "cache_hit": _duration(0, 0.0),
+            "cache_miss": _duration(0, 0.0),
+        },
+        "batch_stats": [
+            {"batch_size": size, "compute_input": _duration(0, 0.0),
+             "compute_infer": _duration(count, stats.batch_size_compute_seconds[size]),
+             "compute_output": _duration(0, 0.0)}
+            for size, count in sorted(stats.batch_size_counts.items()) if count],
+        "memory_usage": [],
+    }
+
+
+def _duration(count: int, seconds: float) -> dict[str, int]:
+    return {"count": count, "ns": round(seconds * _NS)}
