@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from mmserver.batching import KNOBS, BatchSettings
-from mmserver.loaded_model import ModelInfo
+from mmserver.loaded_model import ModelInfo, ModelStatus
 
 
 class Registered(Protocol):
@@ -49,7 +49,7 @@ def described(info: ModelInfo) -> dict[str, object]:
     """``GET /models/{name}``."""
     answer: dict[str, object] = {"modelName": info.name, "modelUrl": info.url,
                                  "status": info.status}
-    if info.status == "unhealthy":
+    if info.status == ModelStatus.UNHEALTHY:
         answer["health"] = (
             f"a call into the model has run for {info.stuck_seconds:.0f} s, past its "
             f"{info.call_timeout_seconds:g} s limit (SAGEMAKER_MODEL_SERVER_TIMEOUT); new "

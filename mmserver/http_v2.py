@@ -52,7 +52,7 @@ from mmserver.batching.rows import leaves, rows_of
 from mmserver.handlers import EXPORTED, SCRIPT, TORCHSCRIPT
 from mmserver.http_errors import INVOCATION, V2
 from mmserver.http_routes import PIPELINE, REGISTRY, Route, read_body, read_json_object
-from mmserver.loaded_model import NOT_LOADED, LoadedModel, ModelInfo
+from mmserver.loaded_model import NOT_LOADED, LoadedModel, ModelInfo, ModelStatus
 from mmserver.pipeline import ENCODE_IN_THREAD_VALUES, Answer, Invocation, Wire
 from mmserver.signatures import Signature, TensorSpec
 from mmserver.toolkit import RequestContext
@@ -64,13 +64,13 @@ EXTENSIONS = ("binary_tensor_data", "model_repository", "model_configuration", "
 #: Every model has this one version.
 VERSION = "1"
 PLATFORMS = {SCRIPT: "python", TORCHSCRIPT: "pytorch_torchscript", EXPORTED: "pytorch_export"}
-#: A model's status (``ModelInfo.status``) as a repository state, and the reason given.
+#: A model's status as a repository state, and the reason given (every status has one).
 STATES = {
-    "ready": ("READY", ""),
-    "loading": ("LOADING", "loading"),
-    "unhealthy": ("UNAVAILABLE", "a call into the model is stuck past its time limit"),
-    "unloading": ("UNLOADING", "unloading"),
-    NOT_LOADED: ("UNAVAILABLE", "not loaded"),
+    ModelStatus.READY: ("READY", ""),
+    ModelStatus.LOADING: ("LOADING", "loading"),
+    ModelStatus.UNHEALTHY: ("UNAVAILABLE", "a call into the model is stuck past its time limit"),
+    ModelStatus.UNLOADING: ("UNLOADING", "unloading"),
+    ModelStatus.NOT_LOADED: ("UNAVAILABLE", "not loaded"),
 }
 JSON_TYPE = "application/json"
 BINARY_TYPE = "application/octet-stream"
@@ -115,13 +115,13 @@ async def model_metadata(request: web.Request) -> web.Response:
 async def model_ready(request: web.Request) -> web.Response:
     info = request.app[REGISTRY].info(request.match_info["name"])
     _check_version(info.name, request)
-    if info.status == "loading":
+    if info.status == ModelStatus.LOADING:
         raise errors.ModelLoading(f"model {info.name!r} is still loading")
-    if info.status == "unloading":
+    if info.status == ModelStatus.UNLOADING:
         raise errors.ModelNotFound(f"model {info.name!r} is being unloaded")
-    if info.status == "unhealthy":
+    if info.status == ModelStatus.UNHEALTHY:
         raise errors.ModelUnhealthy(f"model {info.name!r} is unhealthy: "
-                                    f"{STATES['unhealthy'][1]}")
+                                    f"{STATES[ModelStatus.UNHEALTHY][1]}")
     return web.Response()
 
 
@@ -134,7 +134,7 @@ async def model_config(request: web.Request) -> web.Response:
 async def model_statistics(request: web.Request) -> web.Response:
     """One model's statistics, or every ready model's without a name (as Triton answers)."""
     models = [_model(request)] if "name" in request.match_info else [
-        model for model in request.app[REGISTRY].ready() if model.status == "ready"]
+        model for model in request.app[REGISTRY].ready() if model.status == ModelStatus.READY]
     return web.json_response({"model_stats": [
         triton_extensions.model_stats(model, VERSION) for model in models]})
 
@@ -304,7 +304,7 @@ async def repository_index(request: web.Request) -> web.Response:
     if not isinstance(ready_only, bool):
         raise errors.InvalidRequest(f'"ready" must be true or false, got {ready_only!r}')
     entries = [_indexed(info) for info in request.app[REGISTRY].index()
-               if not ready_only or info.status == "ready"]
+               if not ready_only or info.status == ModelStatus.READY]
     return web.json_response(entries)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import gc
 import logging
 from pathlib import Path
@@ -28,8 +29,19 @@ log = logging.getLogger(__name__)
 
 #: Threads per model for its own input_fn/output_fn: decoding one request while another encodes.
 CODEC_THREADS = 2
-#: The status of a model folder under the model roots that no model is loaded from.
-NOT_LOADED = "not loaded"
+class ModelStatus(enum.StrEnum):
+    """Where a model is in its life; a string, so answers and logs show its value as it is."""
+
+    LOADING = "loading"
+    READY = "ready"
+    #: A call into the model is stuck past its time limit; new requests get 503.
+    UNHEALTHY = "unhealthy"
+    UNLOADING = "unloading"
+    #: In the registry's index only: a folder of the model roots no model is loaded from.
+    NOT_LOADED = "not loaded"
+
+
+NOT_LOADED = ModelStatus.NOT_LOADED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,9 +50,7 @@ class ModelInfo:
 
     name: str
     url: str
-    #: ``loading``, ``ready``, ``unhealthy`` (a call is stuck) or ``unloading``; in the
-    #: registry's index, :data:`NOT_LOADED` for a folder of the model roots.
-    status: str
+    status: ModelStatus
     device: torch.device | None = None
     memory_bytes: int | None = None
     batching: BatchSettings | None = None
@@ -82,10 +92,10 @@ class LoadedModel:
         return self.runner.device
 
     @property
-    def status(self) -> str:
+    def status(self) -> ModelStatus:
         if self.unloading:
-            return "unloading"
-        return "unhealthy" if self.runner.stuck_seconds else "ready"
+            return ModelStatus.UNLOADING
+        return ModelStatus.UNHEALTHY if self.runner.stuck_seconds else ModelStatus.READY
 
     async def start(self) -> None:
         await self.runner.start()

@@ -33,7 +33,7 @@ from mmserver.errors import (
     ModelUrlNotFound,
 )
 from mmserver.handlers import is_model_folder
-from mmserver.loaded_model import NOT_LOADED, LoadedModel, ModelInfo
+from mmserver.loaded_model import NOT_LOADED, LoadedModel, ModelInfo, ModelStatus
 from mmserver.loader import load_model
 from mmserver.model_roots import ModelRoots
 from mmserver.paging import paginate
@@ -48,7 +48,7 @@ class Loading:
     name: str
     url: str
     memory_bytes: int
-    status: str = "loading"
+    status: ModelStatus = ModelStatus.LOADING
 
     def info(self) -> ModelInfo:
         return ModelInfo(name=self.name, url=self.url, status=self.status)

@@ -888,3 +888,11 @@ def test_the_readmes_tritonclient_example_prints_what_its_comments_say(server):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == expected
+
+
+def test_every_model_status_has_a_repository_state():
+    """A status added to the enum and not here would answer 500 on /v2/repository/index."""
+    from mmserver.http_v2 import STATES
+    from mmserver.loaded_model import ModelStatus
+
+    assert set(STATES) == set(ModelStatus)
