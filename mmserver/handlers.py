@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import logging
 import warnings
 from collections.abc import Callable, Mapping
@@ -87,6 +86,14 @@ from mmserver.errors import (
     UnsupportedContentType,
     summarize_error,
 )
+from mmserver.model_settings import (
+    ROW_WISE_ATTRIBUTE,
+    ROW_WISE_KEY,
+    SETTINGS_FILE,
+    THREAD_SAFE_ATTRIBUTE,
+    THREAD_SAFE_KEY,
+    ModelSettings,
+)
 from mmserver.toolkit import (
     HANDLER_PARAMETERS,
     LoadContext,
@@ -103,13 +110,6 @@ TORCHSCRIPT_FILE = "model.pt"
 EXPORT_FILE = "model.pt2"
 #: Any single file with one of these suffixes is the model when model.pt is absent (the toolkit's rule).
 TOOLKIT_MODEL_SUFFIXES = (".pt", ".pth")
-SETTINGS_FILE = "mmserver.json"
-#: The mmserver.json key, and the script attribute, that declare a script row-wise.
-ROW_WISE_KEY = "row_wise"
-ROW_WISE_ATTRIBUTE = "MMSERVER_ROW_WISE"
-#: The mmserver.json key, and the script attribute, that let a script run on several instances.
-THREAD_SAFE_KEY = "thread_safe"
-THREAD_SAFE_ATTRIBUTE = "MMSERVER_THREAD_SAFE"
 #: What :attr:`ModelHandler.kind` can be: user code, or which default model file was loaded.
 SCRIPT, TORCHSCRIPT, EXPORTED = "script", "torchscript", "export"
 
@@ -147,14 +147,12 @@ class ModelHandler:
         """``packages_dir``: where ``code/requirements.txt`` was installed for this model."""
         self.model_dir = model_dir
         self.device = device
-        self.batch_overrides = _read_settings(model_dir)
-        declared_row_wise = self.batch_overrides.pop(ROW_WISE_KEY, None)
-        declared_thread_safe = self.batch_overrides.pop(THREAD_SAFE_KEY, None)
-        self._declared_tensors = signatures.declared(self.batch_overrides, SETTINGS_FILE)
+        #: The folder's mmserver.json (its batching knobs are the loader's to apply).
+        self.settings = ModelSettings.read(model_dir)
         self._code = _import_user_code(model_dir, program, packages_dir)
         try:
-            self._load(declared_row_wise)
-            self.thread_safe = _declared(declared_thread_safe, self._code, THREAD_SAFE_KEY,
+            self._load(self.settings.row_wise)
+            self.thread_safe = _declared(self.settings.thread_safe, self._code, THREAD_SAFE_KEY,
                                          THREAD_SAFE_ATTRIBUTE, default=self._code is None)
         except BaseException:
             self.close()
@@ -178,8 +176,8 @@ class ModelHandler:
         self.model = model_file.model
         #: ``script`` (the folder has code), ``torchscript`` or ``export`` (its model file).
         self.kind = SCRIPT if self._code is not None else model_file.kind
-        self.signature = signatures.combined(*self._declared_tensors, model_file.inputs,
-                                             model_file.outputs)
+        self.signature = signatures.combined(self.settings.inputs, self.settings.outputs,
+                                             model_file.inputs, model_file.outputs)
         #: Requests may arrive as decoded tensors (the v2 protocol): not for transform_fn.
         self.takes_tensors = "transform_fn" not in functions
         if "model_warmup_fn" in functions:
@@ -421,19 +419,6 @@ def is_model_folder(path: Path, program: str = "inference.py") -> bool:
             for child in path.iterdir())
     except OSError:
         return False
-
-
-def _read_settings(model_dir: Path) -> dict:
-    path = model_dir / SETTINGS_FILE
-    if not path.is_file():
-        return {}
-    try:
-        overrides = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InvalidModelArtifact(f"{SETTINGS_FILE} is not valid JSON: {error}") from None
-    if not isinstance(overrides, dict):
-        raise InvalidModelArtifact(f"{SETTINGS_FILE} must hold a JSON object")
-    return overrides
 
 
 def _import_user_code(model_dir: Path, program: str,

@@ -20,7 +20,8 @@ import torch
 from mmserver.batching import BatchSettings, ModelRunner, is_out_of_memory
 from mmserver.capacity import measured_load
 from mmserver.errors import InsufficientResources, InvalidModelArtifact, LoadTimeout
-from mmserver.handlers import SETTINGS_FILE, THREAD_SAFE_ATTRIBUTE, THREAD_SAFE_KEY, ModelHandler
+from mmserver.handlers import ModelHandler
+from mmserver.model_settings import SETTINGS_FILE, THREAD_SAFE_ATTRIBUTE, THREAD_SAFE_KEY
 from mmserver.loaded_model import LoadedModel
 from mmserver.requirements import REQUIREMENTS_FILE, InstalledRequirements, RequirementsCache
 from mmserver.workers import WorkerPool
@@ -77,7 +78,7 @@ async def load_model(name: str, url: str, path: Path, *, device: torch.device,
     finally:
         pool.close()
     try:
-        settings = batch.overridden(handler.batch_overrides)
+        settings = batch.overridden(handler.settings.batching)
     except ValueError as error:
         handler.close()
         await _release(packages)

@@ -136,15 +136,9 @@ class Signature:
         return {spec.name: inputs[spec.name] for spec in self.inputs}
 
 
-def declared(settings: dict[str, Any], where: str) -> tuple[tuple[TensorSpec, ...] | None,
-                                                              tuple[TensorSpec, ...] | None]:
-    """``inputs`` and ``outputs`` taken out of a folder's settings (``where`` names the file);
-    None for one that is not declared. Malformed: :class:`InvalidModelArtifact`."""
-    return (_specs(settings.pop(INPUTS_KEY, None), f"{where} {INPUTS_KEY}"),
-            _specs(settings.pop(OUTPUTS_KEY, None), f"{where} {OUTPUTS_KEY}"))
-
-
-def _specs(entries: object, where: str) -> tuple[TensorSpec, ...] | None:
+def declared_specs(entries: object, where: str) -> tuple[TensorSpec, ...] | None:
+    """The ``inputs`` or ``outputs`` a folder's settings declare (``where`` names the key), or
+    None when they declare none. Malformed: :class:`InvalidModelArtifact`."""
     if entries is None:
         return None
     if not isinstance(entries, list) or not entries:

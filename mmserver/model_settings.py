@@ -1,0 +1,82 @@
+"""A model folder's ``mmserver.json``, read once into a typed :class:`ModelSettings`.
+
+Every key the file may hold is one field here, and nothing else reads the file:
+
+* the batching knobs, under their ``mmserver.json`` keys (``batching.KNOBS``:
+  ``max_batch_size``, ``max_wait_ms``...), kept as written: their values are checked by
+  ``BatchSettings.overridden`` when the loader lays them over the server's own settings;
+* ``row_wise`` and ``thread_safe``: true or false (a script may declare either too, with
+  ``MMSERVER_ROW_WISE`` / ``MMSERVER_THREAD_SAFE``; the file wins);
+* ``inputs`` and ``outputs``: the model's signature (:mod:`mmserver.signatures`).
+
+A key of no field is refused at load (400) with the keys there are, so a typo never
+silently does nothing; adding a key is one field and one line of :meth:`ModelSettings.parse`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from mmserver.batching import KNOBS
+from mmserver.errors import InvalidModelArtifact
+from mmserver.signatures import INPUTS_KEY, OUTPUTS_KEY, TensorSpec, declared_specs
+
+SETTINGS_FILE = "mmserver.json"
+#: The mmserver.json key, and the script attribute, that declare a script row-wise.
+ROW_WISE_KEY = "row_wise"
+ROW_WISE_ATTRIBUTE = "MMSERVER_ROW_WISE"
+#: The mmserver.json key, and the script attribute, that let a script run on several instances.
+THREAD_SAFE_KEY = "thread_safe"
+THREAD_SAFE_ATTRIBUTE = "MMSERVER_THREAD_SAFE"
+_KNOB_KEYS = frozenset(knob.key for knob in KNOBS)
+KEYS = frozenset({ROW_WISE_KEY, THREAD_SAFE_KEY, INPUTS_KEY, OUTPUTS_KEY}) | _KNOB_KEYS
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """What a model folder's ``mmserver.json`` says (all None or empty without one)."""
+
+    #: Batching knobs by their ``mmserver.json`` key, values as written.
+    batching: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    row_wise: bool | None = None
+    thread_safe: bool | None = None
+    inputs: tuple[TensorSpec, ...] | None = None
+    outputs: tuple[TensorSpec, ...] | None = None
+
+    @classmethod
+    def read(cls, model_dir: Path) -> ModelSettings:
+        """The folder's ``mmserver.json`` parsed, or the empty settings when it has none."""
+        path = model_dir / SETTINGS_FILE
+        if not path.is_file():
+            return cls()
+        try:
+            raw = json.loads(path.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise InvalidModelArtifact(f"{SETTINGS_FILE} is not valid JSON: {error}") from None
+        if not isinstance(raw, dict):
+            raise InvalidModelArtifact(f"{SETTINGS_FILE} must hold a JSON object")
+        return cls.parse(raw)
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, object]) -> ModelSettings:
+        unknown = sorted(set(raw) - KEYS)
+        if unknown:
+            raise InvalidModelArtifact(f"{SETTINGS_FILE}: unknown keys {unknown}; known: "
+                                       f"{sorted(KEYS)}")
+        return cls(
+            batching={key: value for key, value in raw.items() if key in _KNOB_KEYS},
+            row_wise=_yes_or_no(raw, ROW_WISE_KEY),
+            thread_safe=_yes_or_no(raw, THREAD_SAFE_KEY),
+            inputs=declared_specs(raw.get(INPUTS_KEY), f"{SETTINGS_FILE} {INPUTS_KEY}"),
+            outputs=declared_specs(raw.get(OUTPUTS_KEY), f"{SETTINGS_FILE} {OUTPUTS_KEY}"))
+
+
+def _yes_or_no(raw: Mapping[str, object], key: str) -> bool | None:
+    value = raw.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise InvalidModelArtifact(f"{key} ({SETTINGS_FILE}) must be true or false, "
+                                   f"got {value!r}")
+    return value
