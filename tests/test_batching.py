@@ -540,3 +540,89 @@ def test_a_request_past_its_deadline_is_answered_and_never_computed():
         assert (stats.requests_completed, stats.requests_failed) == (1, 1)
 
     run(main())
+
+
+# -- the knobs and the statistics, exact values ---------------------------------------------
+
+
+def test_settings_refuse_each_bad_value_saying_which():
+    from mmserver.batching.settings import BatchSettings as Settings
+
+    cases = [
+        (dict(max_batch_size=0), "max_batch_size must be an integer >= 1, got 0"),
+        (dict(max_batch_size=True), "max_batch_size must be an integer >= 1, got True"),
+        (dict(max_batch_size=2.0), "max_batch_size must be an integer >= 1, got 2.0"),
+        (dict(max_wait=-0.001), "max_wait must be a finite number of seconds >= 0, got -0.001"),
+        (dict(max_wait=float("inf")), "max_wait must be a finite number of seconds >= 0, got inf"),
+        (dict(max_wait=False), "max_wait must be a finite number of seconds >= 0, got False"),
+        (dict(max_wait="5"), "max_wait must be a finite number of seconds >= 0, got '5'"),
+        (dict(max_queue_size=0), "max_queue_size must be an integer >= 1, got 0"),
+        (dict(max_queue_size=True), "max_queue_size must be an integer >= 1, got True"),
+        (dict(max_queue_size=1.5), "max_queue_size must be an integer >= 1, got 1.5"),
+        (dict(policy="fifo"), "policy must be one of ('greedy', 'timer'), got 'fifo'"),
+        (dict(batch_sizing="min"), "batch_sizing must be one of ('max', 'measured'), got 'min'"),
+        (dict(instances=0), "instances must be an integer >= 1, got 0"),
+        (dict(instances=True), "instances must be an integer >= 1, got True"),
+        (dict(instances=1.0), "instances must be an integer >= 1, got 1.0"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(ValueError) as refused:
+            Settings(**bad)
+        assert str(refused.value) == message
+    edge = Settings(max_batch_size=1, max_wait=0, max_queue_size=1, instances=1)
+    assert (edge.max_batch_size, edge.max_wait, edge.max_queue_size) == (1, 0, 1)
+    assert Settings() == Settings(16, 0.005, 256, "greedy", "max", 1)
+
+
+def test_knobs_spell_every_edge():
+    from mmserver.batching.settings import KNOBS_BY_KEY
+
+    wait, size = KNOBS_BY_KEY["max_wait_ms"], KNOBS_BY_KEY["max_batch_size"]
+    assert (wait.flag, size.flag) == ("--max-wait-ms", "--max-batch-size")
+    settings = BatchSettings(max_batch_size=8, max_wait=0.004)
+    assert wait.edge_value(settings) == 4.0 and size.edge_value(settings) == 8
+    assert wait.field_value(5) == 0.005 and wait.field_value(2.5) == 0.0025
+    assert size.field_value(7) == 7 and size.field_value("x") == "x"  # checked by the settings
+    for bad in (True, "5", None):
+        with pytest.raises(ValueError) as refused:
+            wait.field_value(bad)
+        assert str(refused.value) == f"max_wait_ms must be a number, got {bad!r}"
+
+
+def test_overrides_are_edge_values_and_errors_name_the_edge_key():
+    base = BatchSettings()
+    assert base.overridden({}) == base
+    assert base.overridden({"max_batch_size": 32, "max_wait_ms": 10, "policy": "timer"}) == \
+        BatchSettings(max_batch_size=32, max_wait=0.01, policy="timer")
+    with pytest.raises(ValueError) as refused:
+        base.overridden({"bogus": 1, "max_wait": 2})
+    assert str(refused.value) == (
+        "unknown batching settings ['bogus', 'max_wait']; known: ['batch_sizing', 'instances', "
+        "'max_batch_size', 'max_queue_size', 'max_wait_ms', 'policy']")
+    with pytest.raises(ValueError) as refused:
+        base.overridden({"max_wait_ms": -5})
+    assert str(refused.value) == ("max_wait_ms=-5 is not allowed: max_wait must be a finite "
+                                  "number of seconds >= 0, got -0.005")
+    with pytest.raises(ValueError) as refused:
+        base.overridden({"max_batch_size": 0})
+    assert str(refused.value) == "max_batch_size must be an integer >= 1, got 0"
+
+
+def test_statistics_add_up_each_record():
+    from mmserver.batching import BatchRecord, RunnerStats
+
+    stats = RunnerStats()
+    assert stats.mean_batch_size == 0.0
+    assert stats.drain_seconds(0, 16) == 1.0  # at least a second
+    assert stats.drain_seconds(320, 16) == 2.0  # 20 batches at 0.1 s before any was measured
+    stats.add(BatchRecord(rows=4, requests=2, queue_wait_seconds=(0.25, 0.5),
+                          compute_seconds=0.5, failed_requests=0))
+    stats.add(BatchRecord(rows=2, requests=1, queue_wait_seconds=(1.0,), compute_seconds=2.5,
+                          failed_requests=1))
+    assert (stats.batches, stats.rows) == (2, 6)
+    assert stats.batch_size_counts == {4: 1, 2: 1}
+    assert stats.compute_seconds_total == 3.0
+    assert stats.mean_batch_size == 3.0
+    assert stats.drain_seconds(17, 16) == 3.0  # two batches at the measured 1.5 s
+    assert stats.drain_seconds(1, 16) == 1.5
+    assert stats.drain_seconds(0, 16) == 1.0

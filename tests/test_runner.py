@@ -1,0 +1,437 @@
+"""``ModelRunner``'s races and its stuck-call path, ordered by asyncio's own scheduling.
+
+No sleep is a barrier here. Tasks run their steps in the order they were scheduled (the
+event loop's ready queue is FIFO), so "the runner is woken, then a caller is cancelled in
+the same turn" is an order the test sets up, not a guess about timing. A model call is
+held by a gate the test opens; a stuck call is one that outlives ``call_timeout``, which
+is the behaviour under test, not a wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+
+from mmserver.batching import (
+    BatchSettings,
+    InvocationTimeout,
+    ModelRunner,
+    ModelUnhealthy,
+    QueueFull,
+    RunnerClosed,
+)
+
+#: Longest the held model waits for its release, and a guard on every await that could hang.
+GATE_SECONDS = 5.0
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 6 * GATE_SECONDS))
+
+
+class Held(torch.nn.Module):
+    """y = 2x + 1, one call at a time through a gate: ``entered`` when a call starts, then it
+    waits for ``release``; ``left`` once it returned."""
+
+    def __init__(self, held: bool = True):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor(2.0))
+        self.calls: list[list[float]] = []
+        self.entered, self.release, self.left = threading.Event(), threading.Event(), \
+            threading.Event()
+        if not held:
+            self.release.set()
+
+    def forward(self, x):
+        self.calls.append(x[:, 0].tolist())
+        self.entered.set()
+        self.release.wait(GATE_SECONDS)
+        self.left.set()
+        return x * self.scale + 1
+
+    async def wait_entered(self):
+        assert await asyncio.to_thread(self.entered.wait, GATE_SECONDS), "the model was not called"
+
+
+def row(value: float) -> torch.Tensor:
+    return torch.full((1, 3), value)
+
+
+async def until(condition) -> None:
+    """Wait for ``condition()`` to hold (set by a callback the loop runs when a thread ends)."""
+    async def poll():
+        while not condition():
+            await asyncio.sleep(0.001)
+    await asyncio.wait_for(poll(), GATE_SECONDS)
+
+
+def test_a_caller_cancelled_while_the_runner_is_waking_is_dropped_and_the_rest_run():
+    """The race: B's future is cancelled, but B leaves the queue only on its own next step.
+
+    A's arrival wakes the runner, whose step is scheduled before B's cancellation is
+    handled, so the runner forms its batch with B cancelled and still queued. It must drop
+    B and batch A with C; keeping only the cancelled ones would leave A and C waiting
+    forever, and keeping B would waste half of the two-row batch on it.
+    """
+    model = Held(held=False)
+    records = []
+
+    async def main():
+        settings = BatchSettings(max_batch_size=2, max_wait=0, policy="greedy")
+        async with ModelRunner(model, settings) as runner:
+            runner.add_listener(records.append)
+            tasks = [asyncio.create_task(runner.submit(row(float(i)))) for i in range(3)]
+            await asyncio.sleep(0)  # one turn: A, B and C are queued, the runner is woken
+            assert runner.queue_depth == 3 and not model.entered.is_set()
+            tasks[1].cancel()
+            a, c = await asyncio.wait_for(asyncio.gather(tasks[0], tasks[2]), GATE_SECONDS)
+            with pytest.raises(asyncio.CancelledError):
+                await tasks[1]
+            return a, c, runner.stats
+
+    a, c, stats = run(main())
+    assert torch.equal(a, row(1.0)) and torch.equal(c, row(5.0))
+    assert model.calls == [[0.0, 2.0]]  # one call, of A and C: B never reached the model
+    assert [(r.requests, r.rows) for r in records] == [(2, 2)]
+    assert (stats.requests_submitted, stats.requests_completed, stats.requests_cancelled) == \
+        (3, 2, 1)
+
+
+def test_a_cancelled_caller_frees_its_queue_slot_at_once():
+    model = Held()
+
+    async def main():
+        settings = BatchSettings(max_batch_size=1, max_wait=0, max_queue_size=1)
+        async with ModelRunner(model, settings) as runner:
+            first = asyncio.create_task(runner.submit(row(0.0)))
+            await model.wait_entered()
+            queued = asyncio.create_task(runner.submit(row(1.0)))
+            await asyncio.sleep(0)
+            assert runner.queue_depth == 1
+            with pytest.raises(QueueFull):
+                runner.check_admission()
+            queued.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await queued
+            assert runner.queue_depth == 0
+            runner.check_admission()  # the slot is free again
+            model.release.set()
+            assert torch.equal(await first, row(1.0))
+            assert torch.equal(await runner.submit(row(2.0)), row(5.0))
+
+    run(main())
+    assert model.calls == [[0.0], [2.0]]
+
+
+def test_a_stuck_call_makes_the_model_unhealthy_until_it_returns():
+    model = Held()
+
+    async def main():
+        settings = BatchSettings(max_batch_size=4, max_wait=0)
+        async with ModelRunner(model, settings, name="slow", call_timeout=0.05) as runner:
+            assert runner.stuck_seconds is None
+            with pytest.raises(InvocationTimeout) as timed_out:
+                await runner.submit(row(0.0))
+            assert str(timed_out.value) == "model 'slow' did not answer within its 0.05 s call " \
+                                           "timeout"
+            assert model.entered.is_set() and not model.left.is_set()
+            assert runner.stuck_seconds >= 0.05
+            for refused in (runner.check_admission, runner.reserve):
+                with pytest.raises(ModelUnhealthy) as unhealthy:
+                    refused()
+            message = str(unhealthy.value)
+            assert message.startswith("model 'slow' is unhealthy: a call has run for ")
+            assert message.endswith(" s, past its 0.05 s limit; unload it or wait for the call "
+                                    "to return")
+            with pytest.raises(ModelUnhealthy):
+                await runner.submit(row(1.0))
+            assert runner.queue_depth == 0
+            assert runner.stats.requests_submitted == 1
+            assert (runner.stats.requests_completed, runner.stats.requests_failed) == (0, 1)
+
+            model.release.set()  # the call returns: healthy again
+            await until(lambda: runner.stuck_seconds is None)
+            runner.check_admission()
+            assert torch.equal(await runner.submit(row(3.0)), row(7.0))
+            return runner.stats
+
+    stats = run(main())
+    assert model.calls == [[0.0], [3.0]]
+    assert (stats.requests_completed, stats.requests_failed) == (1, 1)
+
+
+def test_stop_does_not_wait_for_a_stuck_call_and_answers_what_was_queued():
+    model = Held()
+
+    async def main():
+        settings = BatchSettings(max_batch_size=1, max_wait=0)
+        runner = ModelRunner(model, settings, name="slow", call_timeout=0.05)
+        await runner.start()
+        slot = runner.reserve()  # admitted before the call got stuck
+        with pytest.raises(InvocationTimeout):
+            await runner.submit(row(0.0))
+        waiting = asyncio.create_task(slot.submit(row(1.0)))
+        await asyncio.sleep(0)
+        assert runner.queue_depth == 1  # queued behind the stuck instance
+        await asyncio.wait_for(runner.stop(), GATE_SECONDS)
+        assert not model.left.is_set()  # stop() returned with the call still in the model
+        with pytest.raises(RunnerClosed) as closed:
+            await waiting
+        assert str(closed.value) == "model 'slow' stopped"
+        assert runner.queue_depth == 0 and not runner.running
+        with pytest.raises(RunnerClosed):
+            await runner.submit(row(2.0))
+        model.release.set()
+
+    run(main())
+    assert model.calls == [[0.0]]
+
+
+def test_stop_with_a_timeout_answers_what_is_left():
+    """A long ``timer`` wait holds a request; ``stop`` runs it at once, without waiting."""
+    model = Held(held=False)
+
+    async def main():
+        settings = BatchSettings(max_batch_size=8, max_wait=60.0, policy="timer")
+        runner = ModelRunner(model, settings)
+        await runner.start()
+        assert runner.running
+        waiting = asyncio.create_task(runner.submit(row(4.0)))
+        await asyncio.sleep(0)
+        await asyncio.wait_for(runner.stop(timeout=GATE_SECONDS), GATE_SECONDS)
+        assert not runner.running
+        assert torch.equal(await waiting, row(9.0))
+
+    run(main())
+    assert model.calls == [[4.0]]
+
+
+class Poisonable(torch.nn.Module):
+    """y = 2x + 1; raises on a row holding -1, and runs out of memory above ``oom_above`` rows."""
+
+    def __init__(self, oom_above: int | None = None):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor(2.0))
+        self.oom_above = oom_above
+        self.calls: list[int] = []
+
+    def forward(self, x):
+        self.calls.append(x.shape[0])
+        if self.oom_above is not None and x.shape[0] > self.oom_above:
+            raise torch.OutOfMemoryError(f"pretend OOM at {x.shape[0]} rows")
+        if (x == -1).any():
+            raise RuntimeError("poisoned row")
+        return x * self.scale + 1
+
+
+def full_at(rows: int) -> BatchSettings:
+    return BatchSettings(max_batch_size=rows, max_wait=GATE_SECONDS, policy="timer")
+
+
+def test_a_failed_batch_is_retried_one_request_at_a_time_and_recorded():
+    from mmserver.batching import ModelError
+
+    model = Poisonable()
+    records = []
+
+    async def main():
+        async with ModelRunner(model, full_at(4)) as runner:
+            runner.add_listener(records.append)
+            xs = [row(1.0), row(-1.0), torch.ones(2, 3)]
+            return await asyncio.gather(*(runner.submit(x) for x in xs), return_exceptions=True)
+
+    results = run(main())
+    assert model.calls == [4, 1, 1, 2]  # together, then each alone: only the poisoned one fails
+    assert type(results[1]) is ModelError  # not ModelOutOfMemory: a 500, not a 507
+    assert str(results[1]) == "model 'model' failed: RuntimeError: poisoned row"
+    assert type(results[1].__cause__) is RuntimeError  # the model's own error, for the log
+    assert torch.equal(results[0], row(3.0)) and torch.equal(results[2], torch.full((2, 3), 3.0))
+    assert [(r.rows, r.requests, r.failed_requests) for r in records] == [(4, 3, 1)]
+    assert 0 <= records[0].compute_seconds < GATE_SECONDS
+
+
+def test_out_of_memory_is_retried_in_halves_before_one_request_is_too_big():
+    from mmserver.batching import ModelOutOfMemory
+
+    model = Poisonable(oom_above=2)
+
+    async def main():
+        async with ModelRunner(model, full_at(7)) as runner:
+            xs = [row(float(i)) for i in range(4)] + [torch.zeros(3, 3)]
+            return await asyncio.gather(*(runner.submit(x) for x in xs), return_exceptions=True)
+
+    results = run(main())
+    # 7 rows; halves of 2 and 5 requests' rows; the 5 in halves of 1 and 4; the 4 in 1 and 3.
+    assert model.calls == [7, 2, 5, 1, 4, 1, 3]
+    assert [torch.equal(y, row(2.0 * i + 1)) for i, y in enumerate(results[:4])] == [True] * 4
+    assert type(results[4]) is ModelOutOfMemory
+    assert str(results[4]) == "model 'model' failed: OutOfMemoryError: pretend OOM at 3 rows"
+
+
+def test_without_concatenation_each_request_is_one_call_with_its_input_as_it_is():
+    seen = []
+
+    def script(data):  # not row-wise: any object in, any object out
+        seen.append(data)
+        return {"echo": data["text"].upper(), "rows": torch.ones(5)}
+
+    async def main():
+        async with ModelRunner(script, full_at(8), concatenate=False) as runner:
+            inputs = [{"text": "a"}, {"text": "bc"}, {"text": "d"}]
+            outputs = await asyncio.gather(*(runner.submit(x) for x in inputs))
+            return outputs, runner.stats
+
+    outputs, stats = run(main())
+    assert seen == [{"text": "a"}, {"text": "bc"}, {"text": "d"}]  # three calls, oldest first
+    assert [o["echo"] for o in outputs] == ["A", "BC", "D"]
+    assert all(torch.equal(o["rows"], torch.ones(5)) for o in outputs)  # handed back whole
+    assert stats.batch_size_counts == {1: 3}
+
+
+def test_the_device_is_where_the_model_s_parameters_are():
+    assert ModelRunner(torch.nn.Linear(2, 2, device="meta")).device == torch.device("meta")
+    assert ModelRunner(torch.nn.Linear(2, 2)).device == torch.device("cpu")
+    assert ModelRunner(torch.nn.ReLU()).device is None  # no parameters: inputs stay where they are
+    assert ModelRunner(torch.nn.ReLU(), device="meta").device == torch.device("meta")
+
+    class Opaque:
+        def parameters(self):
+            raise RuntimeError("a compiled model that hides its parameters")
+
+        def __call__(self, x):
+            return x
+
+    assert ModelRunner(Opaque()).device is None
+
+
+def test_stop_after_its_timeout_fails_what_is_left_without_waiting_for_the_model():
+    model = Held()
+
+    async def main():
+        runner = ModelRunner(model, BatchSettings(max_batch_size=1, max_wait=0))
+        await runner.start()
+        running = asyncio.create_task(runner.submit(row(0.0)))
+        await model.wait_entered()
+        queued = asyncio.create_task(runner.submit(row(1.0)))
+        await asyncio.sleep(0)
+        await asyncio.wait_for(runner.stop(timeout=0.05), GATE_SECONDS)
+        assert not model.left.is_set()  # stop() gave up on the call after its timeout
+        for request in (running, queued):
+            with pytest.raises(RunnerClosed) as closed:
+                await request
+            assert str(closed.value) == "model 'model' stopped"
+        model.release.set()
+
+    run(main())
+
+
+def test_two_instances_run_two_batches_at_once_and_one_stuck_instance_is_not_unhealthy():
+    model = Held()
+
+    async def main():
+        settings = BatchSettings(max_batch_size=1, max_wait=0, instances=2)
+        async with ModelRunner(model, settings, call_timeout=0.05) as runner:
+            with pytest.raises(InvocationTimeout):
+                await runner.submit(row(0.0))  # instance 0 is stuck
+            runner.check_admission()  # one instance is left: still healthy
+            assert runner.stuck_seconds is None
+            with pytest.raises(InvocationTimeout):
+                await runner.submit(row(1.0))  # instance 1 gets stuck too
+            with pytest.raises(ModelUnhealthy):
+                runner.check_admission()
+            assert runner.stuck_seconds >= 0.05
+            model.release.set()
+            await until(lambda: runner.stuck_seconds is None)
+            assert torch.equal(await runner.submit(row(2.0)), row(5.0))
+            busy = [e.busy_seconds for e in runner.instances.executors]
+            return busy
+
+    busy = run(main())
+    assert sorted(model.calls) == [[0.0], [1.0], [2.0]]
+    assert all(0.05 <= seconds < GATE_SECONDS for seconds in busy)
+
+
+def test_a_model_that_calls_sys_exit_fails_its_request_and_the_runner_keeps_serving():
+    import sys
+
+    from mmserver.batching import ModelError
+
+    def script(x):
+        if (x < 0).any():
+            sys.exit(3)
+        return x + 1
+
+    async def main():
+        async with ModelRunner(script, BatchSettings(max_batch_size=1, max_wait=0)) as runner:
+            with pytest.raises(ModelError) as failed:
+                await runner.submit(row(-1.0))
+            assert str(failed.value) == "model 'model' failed: SystemExit: 3"
+            assert runner.running
+            assert torch.equal(await runner.submit(row(1.0)), row(2.0))
+
+    run(main())
+
+
+def test_a_request_past_its_deadline_says_so_and_leaves_the_queue():
+    model = Held()
+
+    async def main():
+        settings = BatchSettings(max_batch_size=1, max_wait=0)
+        async with ModelRunner(model, settings, name="m") as runner:
+            first = asyncio.create_task(runner.submit(row(0.0)))
+            await model.wait_entered()
+            loop = asyncio.get_running_loop()
+            with pytest.raises(InvocationTimeout) as expired:
+                await runner.submit(row(1.0), deadline=loop.time() + 0.01)
+            assert str(expired.value) == "model 'm' did not answer before the request's deadline"
+            assert runner.queue_depth == 0
+            model.release.set()
+            assert torch.equal(await first, row(1.0))
+
+    run(main())
+    assert model.calls == [[0.0]]
+
+
+def test_reservations_count_each_slot_once():
+    model = Held(held=False)
+
+    async def main():
+        settings = BatchSettings(max_batch_size=4, max_wait=0, max_queue_size=3)
+        async with ModelRunner(model, settings) as runner:
+            first, second = runner.reserve(), runner.reserve()
+            assert runner.queue_depth == 2
+            first.release()
+            first.release()  # a second release gives nothing back twice
+            assert runner.queue_depth == 1
+            with pytest.raises(RuntimeError) as used:
+                await first.submit(row(0.0))
+            assert str(used.value) == "this reservation was already used"
+            assert torch.equal(await second.submit(row(1.0)), row(3.0))
+            with pytest.raises(RuntimeError, match="^this reservation was already used$"):
+                second.submit(row(1.0))
+            assert runner.queue_depth == 0
+
+    run(main())
+
+
+def test_a_reserved_slot_submits_with_its_deadline():
+    model = Held()
+
+    async def main():
+        settings = BatchSettings(max_batch_size=1, max_wait=0)
+        async with ModelRunner(model, settings) as runner:
+            first = asyncio.create_task(runner.submit(row(0.0)))
+            await model.wait_entered()
+            slot = runner.reserve()
+            loop = asyncio.get_running_loop()
+            with pytest.raises(InvocationTimeout):
+                await asyncio.wait_for(slot.submit(row(1.0), deadline=loop.time() + 0.01),
+                                       GATE_SECONDS)
+            model.release.set()
+            await first
+
+    run(main())
+    assert model.calls == [[0.0]]
