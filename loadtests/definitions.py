@@ -194,6 +194,37 @@ def capacity_rps(answered: int, window_s: float, *, shed: int, mean_batch_rows: 
     return answered / window_s
 
 
+def full_queue_wait_s(max_queue_size: int, max_batch_size: int, drain_rps: float) -> float:
+    """The queue bound: ``(Q + B) / X``, what a request admitted into a full queue waits.
+
+    ``Q`` is the server's ``max_queue_size``, ``B`` its ``max_batch_size`` (the batch in flight
+    when the request is admitted), ``X`` the requests/s the server answers while the queue stays
+    full (``drain_rps``). Admitted at the back of a full queue just after a batch left it, a
+    request waits for that batch, then for the ``Q/B`` batches the queue holds (its own among
+    them). Under overload ``X`` is the accepted throughput while shedding, which is less than
+    ``capacity_rps`` (the 503s take core time): divided by the capacity, the bound is a
+    prediction made before the overload, and too short by shedding's cost. HTTP work before and
+    after the queue, and batches slower than the average, come on top.
+    """
+    _positive(max_queue_size=max_queue_size, max_batch_size=max_batch_size, drain_rps=drain_rps)
+    return (max_queue_size + max_batch_size) / drain_rps
+
+
+def shed_cost_s(capacity_rps: float, accepted_rps: float, shed_rps: float) -> float:
+    """Server core seconds one shed request (503) costs: ``(1 − accepted/capacity) / shed``.
+
+    ``capacity_rps`` from ``capacity_rps`` (nothing shed), ``accepted_rps`` the 200s per second
+    of a run that shed ``shed_rps`` 503s per second, both the server's own counts, both runs
+    with the server's core busy (``core_share`` near 1): the share of the core's answering that
+    the shedding run lost, spread over its 503s. Two runs of a shared machine: read it as an
+    order of magnitude. Negative when the shedding run answered more than the capacity (noise).
+    """
+    _positive(capacity_rps=capacity_rps, shed_rps=shed_rps)
+    if accepted_rps < 0:
+        raise ValueError(f"accepted_rps must not be negative, got {accepted_rps!r}")
+    return (1.0 - accepted_rps / capacity_rps) / shed_rps
+
+
 def served_gain(capacity_batched_rps: float, capacity_unbatched_rps: float) -> float:
     """Gain through the server: capacity with batching on over capacity with it off.
 

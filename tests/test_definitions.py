@@ -124,6 +124,26 @@ def test_capacity_refuses_a_run_that_shed_or_was_not_saturated():
         d.capacity_rps(620, 10.0, shed=0, mean_batch_rows=23.9, max_batch_size=32)
 
 
+def test_full_queue_wait_is_queue_plus_batch_over_the_drain_rate():
+    # 64 queued + 32 in flight, drained at 96/s: one second; at a capacity of 128/s, 0.75 s
+    assert d.full_queue_wait_s(64, 32, 96.0) == exactly(1.0)
+    assert d.full_queue_wait_s(64, 32, 128.0) == exactly(0.75)
+    assert d.full_queue_wait_s(64, 16, 96.0) == exactly(80 / 96)
+    with pytest.raises(ValueError, match="drain_rps"):
+        d.full_queue_wait_s(64, 32, 0.0)
+
+
+def test_shed_cost_is_the_lost_share_of_answers_per_503():
+    # capacity 100/s, 75/s accepted while shedding 500/s: a quarter of the core, 0.5 ms a 503
+    assert d.shed_cost_s(100.0, 75.0, 500.0) == exactly(0.0005)
+    assert d.shed_cost_s(100.0, 100.0, 500.0) == exactly(0.0)
+    assert d.shed_cost_s(100.0, 110.0, 500.0) == exactly(-0.0002)
+    with pytest.raises(ValueError, match="shed_rps"):
+        d.shed_cost_s(100.0, 75.0, 0.0)
+    with pytest.raises(ValueError, match="accepted_rps"):
+        d.shed_cost_s(100.0, -1.0, 500.0)
+
+
 def test_served_gain_and_efficiency_are_ratios():
     assert d.served_gain(150.0, 50.0) == exactly(3.0)
     assert d.efficiency(900.0, 1000.0) == exactly(0.9)

@@ -30,7 +30,7 @@ RATCHET = {
     "03_what_breaks_and_how_we_fix_it": 0,
     "04_from_runner_to_http_server": 32,
     "05_the_multi_model_contract": 10,
-    "06_load_testing_with_locust": 80,
+    "06_load_testing_with_locust": 0,
     "07_choosing_max_batch_size_and_max_wait": 113,
     "08_latency_for_gpu_throughput": 23,
     "09_one_endpoint_many_machines": 48,
