@@ -142,12 +142,10 @@ _NVIDIA = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet5
            "mmserver.simulated_device")
 _SAGEMAKER_MME = ("AWS, Amazon SageMaker Developer Guide, multi-model endpoints: invoke_endpoint "
                   "answers within 60 s, else ModelNotReadyException")
-_PYTHON_SWITCH = "Python documentation, sys.getswitchinterval(): 0.005 s by default"
 
 #: The figures allowed in markdown, notebook by notebook. Each entry's text must stand in its
 #: notebook's markdown (a test checks it), so an entry goes when its sentence goes.
 CITED_CONSTANTS: tuple[Cited, ...] = (
-    Cited("5 ms", "04_from_runner_to_http_server", _PYTHON_SWITCH),
     Cited("60 s", "09_one_endpoint_many_machines", _SAGEMAKER_MME),
     Cited("10 ms", "08_latency_for_gpu_throughput", _NVIDIA + " (t(1) of the V100)"),
     Cited("31 ms", "08_latency_for_gpu_throughput", _NVIDIA + " (t(1) times TIME_SCALE)"),

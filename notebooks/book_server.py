@@ -32,7 +32,7 @@ Changes from the printed code, each needed to serve it outside the book:
   any TorchScript model can be served; ``decode`` can be replaced;
 * the output is answered as JSON (``tensor.tolist()``) instead of a PNG;
 * ``max_body_bytes`` defaults to the book's ``MAX_SIZE`` (``2**22`` bytes) and can be
-  raised so that notebook 04 can send bodies of several MB.
+  raised for bodies of several MB (appendix 12 sends them to show the event loop stall).
 
 Run it by hand::
 

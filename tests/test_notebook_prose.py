@@ -28,7 +28,7 @@ RATCHET = {
     "01_why_batching": 0,
     "02_the_books_model_runner": 0,
     "03_what_breaks_and_how_we_fix_it": 0,
-    "04_from_runner_to_http_server": 32,
+    "04_from_runner_to_http_server": 0,
     "05_the_multi_model_contract": 10,
     "06_load_testing_with_locust": 0,
     "07_choosing_max_batch_size_and_max_wait": 113,
