@@ -1,14 +1,14 @@
 """The quantities the lesson names, each defined once: what it means, how it is measured.
 
 Every notebook computes these from the numbers it measured, through these functions, so that
-a word means one thing in all nine. Inputs are plain numbers (seconds, counts), never a server
+a word means one thing in all of them. Inputs are plain numbers (seconds, counts), never a server
 or a model; units are in the names (``_s`` seconds, ``_rps`` requests or rows per second).
 
 Settled here, once (each function's docstring gives the reason):
 
 * **The cost line** ``t(b) = F + c·b`` is fitted by ordinary least squares through the median
   call times at ``FIT_BATCH_SIZES`` = 2, 4, 8 only. Batch 1 is left out: on a CPU it runs other
-  convolution kernels than every batch from 2 on (notebook 01 counts them), so it is not a point
+  convolution kernels than every batch from 2 on (appendix 10 counts them), so it is not a point
   of the same line. Batches past 8 are left out: there the per-row part itself changes
   (activations outgrow the caches).
 * **Fixed share** and **speedup** therefore exclude batch 1 from the line. The *lone call*
@@ -19,8 +19,8 @@ Settled here, once (each function's docstring gives the reason):
   for it.
 * **Capacity** is measured, never predicted: the server's own count of answers (200s) per
   second while saturated (mean batch at least ``SATURATED_BATCH_SHARE`` of the cap) and with
-  nothing shed, because shedding takes core time from the answers (notebook 06: about a
-  third less served while shedding). What a model predicts is the **serial limit**.
+  nothing shed, because shedding takes core time from the answers (notebook 06 measures
+  how much less it serves while shedding). What a model predicts is the **serial limit**.
 * **t_http** is per second of the server's CPU, not per wall-clock second: the two agree only
   when the server keeps its core busy, which a client need not make it do.
 * **Busy fraction** is the device's view (time inside model calls over the window); how busy the

@@ -17,7 +17,8 @@ closing summary the same way. The quantities the sentences name come from
 ``loadtests.definitions``, imported here as ``definitions``.
 
 Processes a notebook starts go through :func:`started`; :func:`stop_all` stops them (it also
-runs when the kernel exits) and checks that none is left.
+runs when the kernel exits). That none outlives the notebook is checked by the tests
+(``tests/test_notebooks.py``), and by the notebooks that assert it after ``stop_all``.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def started(process):
 
 
 def stop_all() -> None:
-    """Stop every process :func:`started` remembered, and check that none outlives it."""
+    """Stop every process :func:`started` remembered (SIGTERM, then SIGKILL past 30 s)."""
     while _started:
         process = _started.pop()
         if hasattr(process, "stop"):
