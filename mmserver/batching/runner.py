@@ -274,6 +274,7 @@ class ModelRunner:
                 f"model {self.name!r} failed to run this request; see the server log"))
         answered = [r for r in batch if not r.future.cancelled()]
         failed = [r for r in answered if r.future.exception() is not None]
+        completed = [r for r in answered if r.future.exception() is None]
         rows = sum(r.rows for r in batch)
         if self.sizer is not None and model_seconds is not None:
             self.sizer.record(rows, model_seconds)
@@ -281,8 +282,7 @@ class ModelRunner:
             rows=rows, requests=len(batch),
             queue_wait_seconds=tuple(started - r.arrival for r in batch),
             compute_seconds=now - started, failed_requests=len(failed),
-            completed_seconds=sum(now - r.arrival for r in answered) - sum(
-                now - r.arrival for r in failed),
+            completed_seconds=sum(now - r.arrival for r in completed),
             failed_seconds=sum(now - r.arrival for r in failed)))
         self._wakeup.set()
 
