@@ -7,13 +7,13 @@ or a model; units are in the names (``_s`` seconds, ``_rps`` requests or rows pe
 Settled here, once (each function's docstring gives the reason):
 
 * **The cost line** ``t(b) = F + c·b`` is fitted by ordinary least squares through the median
-  call times at ``FIT_BATCH_SIZES`` = 2, 4, 8 only. Batch 1 is left out: on a CPU it runs other
-  convolution kernels than every batch from 2 on (appendix 10 counts them), so it is not a point
-  of the same line. Batches past 8 are left out: there the per-row part itself changes
+  call times at ``FIT_BATCH_SIZES`` = 2, 4, 8 only. Batch 1 is left out: on a CPU it need not be a
+  point of the same line (appendix 10 counts the other kernels it runs and times whether they are
+  the reason). Batches past 8 are left out: there the per-row part itself changes
   (activations outgrow the caches).
 * **Fixed share** and **speedup** therefore exclude batch 1 from the line. The *lone call*
   ``t₁ = min(t(1) measured, F + c)`` is the cheaper of the two readings of a one-row call, so
-  that neither a slow batch-1 kernel nor a fast one is credited to batching.
+  that neither a slow batch-1 call nor a fast one is credited to batching.
 * **Offline ceiling**, **speedup** and **capacity** are always *at a MAX_BATCH_SIZE*: a server
   capped at ``B`` can never run a larger batch, so a ceiling over larger batches is no bound
   for it.
@@ -72,8 +72,9 @@ def fit_cost_line(batch_sizes: Sequence[int], call_seconds: Sequence[float],
     ``batch_sizes[i]`` rows, in inference mode, with the threads the server gives the model
     (one on a CPU), after warm-up, the batch sizes interleaved. The line is the ordinary
     least-squares fit through the sizes in ``fit_sizes`` (2, 4, 8) only: batch 1 is left out
-    because a CPU runs it on other kernels, larger batches because their per-row cost changes.
-    ``F`` is what a call costs once whatever its size, ``c`` what each row adds.
+    because on a CPU it need not lie on the line through larger batches (other kernels run it,
+    and the call time bends between 1 and 2), larger batches because their per-row cost changes.
+    ``F`` is what a call of 2 rows or more costs once, ``c`` what each row adds.
     """
     points = [(b, t) for b, t in _pairs(batch_sizes, call_seconds) if b in set(fit_sizes)]
     if len({b for b, _ in points}) < 2:
@@ -91,7 +92,7 @@ def lone_call_seconds(batch_sizes: Sequence[int], call_seconds: Sequence[float],
     """``t₁ = min(t(1) measured, F + c)``: what one row alone costs the model, in seconds.
 
     The cheaper of the measured batch-1 call and a one-row call on the line of
-    ``fit_cost_line``: a slow batch-1 kernel is not credited to batching, a fast one is not
+    ``fit_cost_line``: a slow batch-1 call is not credited to batching, a fast one is not
     ignored. Needs a measured batch of 1.
     """
     measured = dict(_pairs(batch_sizes, call_seconds))
