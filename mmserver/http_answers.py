@@ -63,6 +63,7 @@ def described(info: ModelInfo) -> dict[str, object]:
         "batching": batching(info.batching),
         "stats": {
             "queueDepth": info.queue_depth,
+            "requestsInFlight": stats.requests_in_flight,
             "requestsCompleted": stats.requests_completed,
             "requestsFailed": stats.requests_failed,
             "requestsRejected": stats.requests_rejected,

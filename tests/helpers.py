@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import torch
 
@@ -86,3 +87,29 @@ def path_without(program: str, shadow_root) -> str:
             folder = str(shadow)
         folders.append(folder)
     return os.pathsep.join(folders)
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` seconds pass; whether it held.
+
+    Tests wait on a condition the server reports (a model's status, its requests in
+    flight), never on a fixed sleep that a slow machine outlasts.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def model_stats(server, name: str) -> dict:
+    """The ``stats`` of ``GET /models/{name}`` (empty while the model has none)."""
+    status, body = server.json("GET", f"/models/{name}")
+    return body.get("stats", {}) if status == 200 else {}
+
+
+def wait_for_in_flight(server, name: str, count: int, timeout: float = 30) -> None:
+    """Wait until the server holds exactly ``count`` requests of ``name`` (queued or running)."""
+    assert wait_until(lambda: model_stats(server, name).get("requestsInFlight") == count, timeout), (
+        f"{name!r} never held {count} requests in flight: {model_stats(server, name)}")

@@ -24,7 +24,7 @@ import PIL.Image
 import pytest
 import torch
 from conftest import SLOW_CODE, running_server, write_code, write_torchscript
-from helpers import assert_error
+from helpers import assert_error, wait_for_in_flight, wait_until
 
 from mmserver.testing import http_request
 
@@ -225,15 +225,6 @@ def ping_seconds(server) -> float:
     return time.perf_counter() - started
 
 
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
-
 def sigterm_seconds(server) -> tuple[float, int]:
     """Send SIGTERM; (seconds until the process exited, its exit status)."""
     started = time.perf_counter()
@@ -387,7 +378,7 @@ def test_model_fns_that_never_return_time_out_and_block_nothing(srv):
     big_rows = [[float(i % 7), 1.0] for i in range(8000)]  # ~80 KB: decoded in a thread
     with concurrent.futures.ThreadPoolExecutor(9) as pool:
         hung = [pool.submit(srv.load, f"hung{i}", "hang_load") for i in range(7)]
-        time.sleep(0.3)
+        assert wait_until(lambda: all(srv.json("GET", f"/models/hung{i}")[0] == 200 for i in range(7)), 30)
         started = time.perf_counter()
         assert srv.load("good-while-hung", "affine")[0] == 200
         status, rows = srv.invoke("good-while-hung", big_rows, timeout=10)
@@ -408,9 +399,9 @@ def test_a_disconnecting_delete_still_answers_every_accepted_request(srv):
     assert srv.load("slowdel", "slow")[0] == 200
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(srv.invoke, "slowdel", [[0.5]], None, 15) for _ in range(4)]
-        time.sleep(0.2)
+        wait_for_in_flight(srv, "slowdel", 4)
         sock = raw_request_start(srv.port, "DELETE", "/models/slowdel", {})
-        time.sleep(0.05)
+        assert wait_until(lambda: srv.json("GET", "/models/slowdel")[1].get("status") == "unloading", 10)
         sock.close()  # hang up on the DELETE
         results = [f.result(timeout=15) for f in futures]
     assert results == [(200, [[2.0]])] * 4

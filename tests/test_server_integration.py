@@ -11,7 +11,7 @@ import time
 
 import psutil
 from conftest import running_server, write_torchscript
-from helpers import assert_error
+from helpers import assert_error, wait_for_in_flight, wait_until
 
 
 def test_concurrent_invokes_across_models_get_exact_answers(server, model_root):
@@ -49,7 +49,7 @@ def test_concurrent_loads_of_one_name_give_one_200(server, model_root):
 def test_a_model_still_loading_is_described_but_not_served_or_unloaded(server, model_root):
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         loading = pool.submit(server.load, "loading", model_root / "slow_load")
-        time.sleep(0.5)
+        assert wait_until(lambda: server.json("GET", "/models/loading")[0] == 200, 30)
         status, body = server.json("GET", "/models/loading")
         assert status == 200 and body["status"] == "loading"
         assert_error(server.json("DELETE", "/models/loading"), 409, "ModelLoading")
@@ -97,7 +97,7 @@ def test_unload_lets_accepted_requests_finish(server, model_root):
     assert server.load("draining", model_root / "slow")[0] == 200
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(server.invoke, "draining", [[0.25]]) for _ in range(6)]
-        time.sleep(0.15)
+        wait_for_in_flight(server, "draining", 6)
         status, _ = server.json("DELETE", "/models/draining")
         assert status == 200
         results = [f.result(timeout=30) for f in futures]
@@ -110,7 +110,7 @@ def test_unload_waits_for_answers_to_be_encoded_by_the_models_own_output_fn(serv
         assert server.load("custom-out", model_root / "slow_custom_output")[0] == 200
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(server.invoke, "custom-out", [[float(i)]]) for i in range(6)]
-            time.sleep(0.1)
+            wait_for_in_flight(server, "custom-out", 6)
             assert server.json("DELETE", "/models/custom-out")[0] == 200
             results = [f.result(timeout=30) for f in futures]
         assert results == [(200, {"answer": [[2.0 * i + 1]]}) for i in range(6)], round_
@@ -183,17 +183,18 @@ def test_a_client_that_goes_away_is_not_computed(model_root):
         assert server.load("slow", model_root / "slow")[0] == 200
         blocker = threading.Thread(target=server.invoke, args=("slow", [[1.0]]))
         blocker.start()
-        time.sleep(0.2)  # the model is busy for 1 s
-        for _ in range(5):  # queue requests, then hang up before they run
-            s = socket.create_connection(("127.0.0.1", server.port))
-            body = b"[[0.0625]]"
+        wait_for_in_flight(server, "slow", 1)   # the model is busy for 1 s
+        body = b"[[0.0625]]"
+        abandoned = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(5)]
+        for s in abandoned:  # queue requests, then hang up before they run
             s.sendall(b"POST /models/slow/invoke HTTP/1.1\r\nHost: x\r\n"
                       b"Content-Type: application/json\r\nContent-Length: "
                       + str(len(body)).encode() + b"\r\n\r\n" + body)
-            time.sleep(0.05)
+        wait_for_in_flight(server, "slow", 1 + len(abandoned))
+        for s in abandoned:
             s.close()
         blocker.join(timeout=30)
-        time.sleep(0.5)
+        wait_for_in_flight(server, "slow", 0)
         assert server.invoke("slow", [[0.015625]]) == (200, [[1.03125]])
         rows = server.metric("mmserver_batch_size_rows_sum", model="slow")
         assert rows == 2, f"the model computed {rows} rows; the 5 abandoned ones must not count"
@@ -214,7 +215,7 @@ def test_sigterm_answers_requests_in_flight_and_exits(model_root):
         assert server.load("slow", model_root / "slow")[0] == 200
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(server.invoke, "slow", [[0.5]]) for _ in range(4)]
-            time.sleep(0.2)
+            wait_for_in_flight(server, "slow", 4)
             started = time.monotonic()
             server.process.send_signal(signal.SIGTERM)
             results = [f.result(timeout=30) for f in futures]

@@ -73,6 +73,16 @@ class RunnerStats:
         self.last_batch_unix = time.time()
 
     @property
+    def requests_in_flight(self) -> int:
+        """Requests accepted and not yet answered: queued, or in a model call.
+
+        Every submitted request ends exactly one way (completed, failed, cancelled), so this
+        is what a client or a test waits on to know the server holds its requests.
+        """
+        return (self.requests_submitted - self.requests_completed - self.requests_failed
+                - self.requests_cancelled)
+
+    @property
     def mean_batch_size(self) -> float:
         """Mean rows per model call (0 before the first batch)."""
         return self.rows / self.batches if self.batches else 0.0
