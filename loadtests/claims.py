@@ -146,15 +146,15 @@ _SAGEMAKER_MME = ("AWS, Amazon SageMaker Developer Guide, multi-model endpoints:
 #: The figures allowed in markdown, notebook by notebook. Each entry's text must stand in its
 #: notebook's markdown (a test checks it), so an entry goes when its sentence goes.
 CITED_CONSTANTS: tuple[Cited, ...] = (
-    Cited("60 s", "09_one_endpoint_many_machines", _SAGEMAKER_MME),
+    Cited("60 s", "09_appendix_one_endpoint_many_machines", _SAGEMAKER_MME),
     Cited("10 ms", "08_latency_for_gpu_throughput", _NVIDIA + " (t(1) of the V100)"),
     Cited("31 ms", "08_latency_for_gpu_throughput", _NVIDIA + " (t(1) times TIME_SCALE)"),
     Cited("1,100 requests/s", "08_latency_for_gpu_throughput",
           _NVIDIA + " (the V100's throughput at batch 32, rounded)"),
-    Cited("0.25 s", "09_one_endpoint_many_machines", "setting LOAD_SECONDS"),
-    Cited("400 ms", "09_one_endpoint_many_machines", "setting DEVICE_CALL_SECONDS"),
+    Cited("0.25 s", "09_appendix_one_endpoint_many_machines", "setting LOAD_SECONDS"),
+    Cited("400 ms", "09_appendix_one_endpoint_many_machines", "setting DEVICE_CALL_SECONDS"),
     Cited("1 s", "03_what_breaks_and_how_we_fix_it", "setting MAX_WAIT"),
-    Cited("0.2 s", "05_the_multi_model_contract", "setting SLOW_CALL_S"),
+    Cited("0.2 s", "05_appendix_the_multi_model_contract", "setting SLOW_CALL_S"),
 )
 
 

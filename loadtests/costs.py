@@ -3,10 +3,11 @@
 ``time_batches``
     median seconds of one model call per batch size, one intra-op thread, on the server's
     core, interleaving the batch sizes as notebook 01 does;
-``measure_t_http``
-    seconds of the server's core per request with a no-op model (the same body size, a
-    10-number answer), saturated by closed-loop clients from the other core: the method of
-    ``bench/server_efficiency.py``, with its helpers from ``bench/harness.py``.
+``saturate_models``
+    the server's own counts while each of its models is saturated in turn (answered, shed,
+    the server process's CPU seconds, the window, the mean batch): the inputs of
+    ``definitions.t_http_s`` (per CPU second, with ``write_noop_model``'s model) and of
+    ``definitions.capacity_rps``, measured as notebook 04 measures them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import contextlib
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -46,8 +46,13 @@ def on_server_core(threads: int = 1) -> Iterator[None]:
 
 def time_batches(model: torch.nn.Module, row_shape: Sequence[int], batch_sizes: Sequence[int],
                  rounds: int = 3, seconds_per_round: float = 0.2, warmup: int = 2,
-                 device: str = "cpu") -> list[float]:
-    """Median seconds per call for each batch size (rows of ``row_shape[1:]``)."""
+                 device: str = "cpu", clock=time.perf_counter) -> list[float]:
+    """Median seconds per call for each batch size (rows of ``row_shape[1:]``).
+
+    ``clock`` reads the seconds: wall clock by default; ``time.thread_time`` gives the CPU
+    seconds of the calling thread (one intra-op thread on a CPU), what a call costs its core
+    whatever else the machine runs meanwhile, as notebook 04 times a call (on a CPU only).
+    """
     generator = torch.Generator().manual_seed(0)
     batches = [torch.randn(b, *row_shape[1:], generator=generator).to(device) for b in batch_sizes]
     timings: list[list[float]] = [[] for _ in batch_sizes]
@@ -65,10 +70,10 @@ def time_batches(model: torch.nn.Module, row_shape: Sequence[int], batch_sizes: 
             for batch, spent_list in zip(batches, timings):
                 spent = 0.0
                 while spent < seconds_per_round:
-                    started = time.perf_counter()
+                    started = clock()
                     model(batch)
                     sync()
-                    spent_list.append(time.perf_counter() - started)
+                    spent_list.append(clock() - started)
                     spent += spent_list[-1]
     return [statistics.median(t) for t in timings]
 
@@ -80,35 +85,82 @@ class _NoOpTen(torch.nn.Module):
         return x.flatten(1)[:, :10]
 
 
-def measure_t_http(row_shape: Sequence[int], seconds: float = 5.0, connections: int = 32,
-                   max_batch_size: int = 32) -> tuple[float, float]:
-    """(t_http seconds, no-op requests/s): one row of ``row_shape`` per request as .npy."""
-    return measure_t_http_many([row_shape], seconds, connections, max_batch_size)[0]
+def write_noop_model(model_dir: Path) -> Path:
+    """TorchScript of the no-op model (no compute, a 10-number answer per row) in ``model_dir``."""
+    if str(REPO_ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT / "bench"))
+    import harness  # bench/harness.py
+
+    return harness.save_torchscript(_NoOpTen(), torch.zeros(2, 3, 8, 8), Path(model_dir))
 
 
-def measure_t_http_many(row_shapes: Sequence[Sequence[int]], seconds: float = 5.0,
-                        connections: int = 32,
-                        max_batch_size: int = 32) -> list[tuple[float, float]]:
-    """``measure_t_http`` for several request shapes with one server (the no-op model takes
-    any shape), one after the other."""
-    from loadtests._payload import npy_row
+def saturate_models(models: dict, body: bytes, *, max_batch_size: int, window_s: float = 3.0,
+                    connections: int = 32, warmup_s: float = 1.0,
+                    max_queue_size: int = 64) -> dict[str, dict]:
+    """Each model of one mmserver saturated in turn; per model, the server's own view.
+
+    ``models`` maps a name to a model folder (its ``mmserver.json``, if any, applies: e.g.
+    ``{"max_batch_size": 1}`` for batching off). One server, pinned to the server core with
+    one torch thread, ``--max-batch-size max_batch_size --max-wait-ms 0``. For each model,
+    ``connections`` closed-loop keep-alive clients (``bench/harness.py``'s generator, a process
+    on the load core) POST ``body`` (``.npy``) for ``warmup_s + window_s`` seconds plus their
+    start-up; the window is taken inside that run, once answers flow: ``/metrics`` deltas
+    and the server process's CPU seconds (psutil: user + system, every thread) over
+    ``window_s`` wall-clock seconds. Returns, per model: ``answered`` (200s), ``shed``
+    (503s), ``server_cpu_s``, ``window_s``, ``mean_batch`` (rows per call), for
+    ``definitions.t_http_s``, ``capacity_rps`` and ``core_share``. Keep ``connections`` at
+    least twice the cap and at most ``max_queue_size``, as ``capacity_rps`` asks.
+    """
+    import threading
+
+    import psutil
+
+    from mmserver.testing import ServerProcess, sample_value
 
     if str(REPO_ROOT / "bench") not in sys.path:
         sys.path.insert(0, str(REPO_ROOT / "bench"))
     import harness  # bench/harness.py
 
-    out = []
-    with tempfile.TemporaryDirectory(prefix="mmserver-noop-") as tmp:
-        root = Path(tmp)
-        harness.save_torchscript(_NoOpTen(), torch.zeros(2, 3, 8, 8), root / "noop")
-        with harness.mmserver(root, {"noop": root / "noop"}, "--max-batch-size",
-                              str(max_batch_size), "--max-wait-ms", "0") as base:
-            for row_shape in row_shapes:
-                body = npy_row(tuple(row_shape))
-                result, _ = harness.saturate_model(base, "noop", body, "application/x-npy",
-                                                   connections=connections, seconds=seconds,
-                                                   warmup_seconds=min(2.0, seconds / 2))
-                if result["non_2xx"]:
-                    raise RuntimeError(f"the no-op model answered {result['non_2xx']} errors")
-                out.append((1.0 / result["rps"], result["rps"]))
+    args = ["--no-access-log", "--log-level", "WARNING",
+            "--max-batch-size", str(max_batch_size), "--max-wait-ms", "0",
+            "--max-queue-size", str(max_queue_size)]
+    for root in sorted({str(Path(path).resolve().parent) for path in models.values()}):
+        args += ["--model-root", root]                       # a preload lies under a model root
+    for name, path in models.items():
+        args += ["--preload", f"{name}={Path(path).resolve()}"]
+    out = {}
+    server = ServerProcess(args, env=harness.ONE_THREAD, cpus=harness.SERVER_CPU, cwd=REPO_ROOT)
+    with harness.serving(server):
+        process = psutil.Process(server.process.pid)
+        for name in models:
+            url = f"{server.url}/models/{name}/invoke"
+
+            def answered(metrics, name=name) -> float:
+                return sample_value(metrics, "mmserver_requests_total", model=name, status="200")
+
+            start = answered(server.metrics())
+            load = threading.Thread(target=harness.closed_loop, args=(url, body, "application/x-npy"),
+                                    kwargs={"connections": connections,
+                                            "seconds": warmup_s + window_s + 1.0})
+            load.start()
+            deadline = time.monotonic() + harness.GENERATOR_GRACE_SECONDS
+            while answered(server.metrics()) == start:      # the generator's start-up
+                if time.monotonic() > deadline or not load.is_alive():
+                    raise RuntimeError(f"no answers from {name} under load")
+                time.sleep(0.05)
+            time.sleep(warmup_s)
+            before, cpu_before, began = server.metrics(), sum(process.cpu_times()[:2]), time.monotonic()
+            time.sleep(window_s)
+            after, cpu_after, ended = server.metrics(), sum(process.cpu_times()[:2]), time.monotonic()
+            load.join()
+
+            def delta(sample: str, **labels) -> float:
+                return (sample_value(after, sample, model=name, **labels)
+                        - sample_value(before, sample, model=name, **labels))
+
+            calls = delta("mmserver_batch_size_rows_count")
+            out[name] = {"answered": delta("mmserver_requests_total", status="200"),
+                         "shed": delta("mmserver_requests_total", status="503"),
+                         "server_cpu_s": cpu_after - cpu_before, "window_s": ended - began,
+                         "mean_batch": delta("mmserver_batch_size_rows_sum") / calls if calls else 0.0}
     return out

@@ -254,21 +254,28 @@ def test_plots_render_from_the_sweep_csv(quick_sweep):
     assert pick is not None and pick["failures"] == 0 and pick["shed_503"] == 0
 
 
-def test_t_http_is_measured_inside_a_running_event_loop_without_wrk(tmp_path, monkeypatch):
-    """Notebook 07 measures t_http from a cell, inside the kernel's running event loop, and
-    a learner's machine seldom has wrk: the aiohttp generator must run there too."""
+def test_a_server_is_saturated_from_inside_a_running_event_loop_without_wrk(tmp_path, monkeypatch):
+    """Notebooks 04 and 07 saturate a server from a cell, inside the kernel's running event
+    loop, and a learner's machine seldom has wrk: the aiohttp generator must run there too,
+    and the server's own counts must give t_http and a capacity."""
     import asyncio
     import shutil
 
     from helpers import path_without
 
-    from loadtests.costs import measure_t_http
+    from loadtests import costs, definitions
+    from loadtests._payload import npy_row
 
     monkeypatch.setenv("PATH", path_without("wrk", tmp_path))
     assert shutil.which("wrk") is None
+    folder = costs.write_noop_model(tmp_path / "models" / "noop")
 
     async def a_notebook_cell():
-        return measure_t_http((3, 8, 8), seconds=1.0, connections=4)
+        return costs.saturate_models({"noop": folder}, npy_row((1, 3, 8, 8)), max_batch_size=4,
+                                     window_s=1.0, connections=8, warmup_s=0.3, max_queue_size=8)
 
-    t_http_seconds, rps = asyncio.run(a_notebook_cell())
-    assert rps > 0 and t_http_seconds == pytest.approx(1 / rps)
+    run = asyncio.run(a_notebook_cell())["noop"]
+    assert run["answered"] > 0 and run["shed"] == 0, run
+    assert 0.5 < run["window_s"] < 5 and run["server_cpu_s"] > 0, run
+    assert 1 <= run["mean_batch"] <= 4, run   # a no-op model may outrun 8 clients: no fill asked
+    assert definitions.t_http_s(run["server_cpu_s"], run["answered"]) > 0
