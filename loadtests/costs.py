@@ -85,11 +85,18 @@ class _NoOpTen(torch.nn.Module):
         return x.flatten(1)[:, :10]
 
 
-def write_noop_model(model_dir: Path) -> Path:
-    """TorchScript of the no-op model (no compute, a 10-number answer per row) in ``model_dir``."""
+def _harness():
+    """``bench/harness.py``, the benchmarks' server and load-generator helpers."""
     if str(REPO_ROOT / "bench") not in sys.path:
         sys.path.insert(0, str(REPO_ROOT / "bench"))
-    import harness  # bench/harness.py
+    import harness
+
+    return harness
+
+
+def write_noop_model(model_dir: Path) -> Path:
+    """TorchScript of the no-op model (no compute, a 10-number answer per row) in ``model_dir``."""
+    harness = _harness()
 
     return harness.save_torchscript(_NoOpTen(), torch.zeros(2, 3, 8, 8), Path(model_dir))
 
@@ -117,9 +124,7 @@ def saturate_models(models: dict, body: bytes, *, max_batch_size: int, window_s:
 
     from mmserver.testing import ServerProcess, sample_value
 
-    if str(REPO_ROOT / "bench") not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT / "bench"))
-    import harness  # bench/harness.py
+    harness = _harness()
 
     args = ["--no-access-log", "--log-level", "WARNING",
             "--max-batch-size", str(max_batch_size), "--max-wait-ms", "0",
