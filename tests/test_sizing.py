@@ -88,10 +88,11 @@ def test_it_follows_a_model_that_changes_speed():
 
 
 def test_a_neighbour_must_be_clearly_faster_to_move():
-    within_margin = {1: 1.0, 2: 1.0, 4: 1.0, 8: 0.51, 16: 1.0}  # 8 rows: 2 % faster per row
+    within_margin = {1: 1.0, 2: 1.0, 4: 1.0, 8: 0.49, 16: 1.0}  # 8 rows: 2 % faster per row
     sizer = BatchSizer(16)
-    under_full_load(sizer, within_margin, 1000)
-    assert sizer.best == 16
+    sizes = under_full_load(sizer, within_margin, 1000)
+    assert sizer.best == 16 and sizes[8] == 1000 // 16  # 8 rows only ever as a probe
+    assert sizer.rows_per_second(8) > sizer.rows_per_second(16)  # it was probed, and is faster
 
 
 def test_batches_below_the_full_size_neither_probe_nor_move():
@@ -100,6 +101,53 @@ def test_batches_below_the_full_size_neither_probe_nor_move():
         sizer.record(3, 0.001)
         sizer.record(8, 0.001)
     assert sizer.probes == 0 and sizer.next_size == 16 and sizer.best == 16
+
+
+def test_a_rung_s_speed_counts_after_min_samples_calls_and_is_a_smoothed_mean():
+    sizer = BatchSizer(16, probe_every=1000)
+    sizer.record(16, 0.010)
+    sizer.record(16, 0.010)
+    assert sizer.rows_per_second(16) is None  # two calls of three
+    sizer.record(16, 0.020)
+    # mean 10 ms + 0.25 x (20 - 10) ms = 12.5 ms a call: 16 rows / 12.5 ms
+    assert sizer.rows_per_second(16) == pytest.approx(1280.0)
+
+
+def test_calls_off_the_ladder_or_without_a_time_are_not_learned_from():
+    sizer = BatchSizer(16, probe_every=1000)
+    for _ in range(5):
+        sizer.record(5, 0.001)  # 5 is no rung of 16's ladder
+        sizer.record(16, 0.0)  # a clock that did not move is no measurement
+    assert sizer.rows_per_second(5) is None and sizer.rows_per_second(16) is None
+    assert sizer.best == 16
+
+
+def probe_sequence(max_batch_size: int, best: int, probes: int) -> list[int]:
+    """The rungs a sizer probes from ``best`` when no rung has a speed yet (nothing moves)."""
+    sizer = BatchSizer(max_batch_size, probe_every=1, min_samples=10**6)
+    sizer.best = sizer.next_size = best
+    probed = []
+    for _ in range(probes):
+        sizer.record(sizer.next_size, 0.001)  # every batch is full: each one sets up a probe
+        probed.append(sizer.next_size)
+    assert sizer.probes == probes and sizer.best == best
+    return probed
+
+
+def test_probes_alternate_below_then_above_and_stop_at_the_ladder_s_ends():
+    assert probe_sequence(16, best=8, probes=4) == [4, 16, 4, 16]
+    assert probe_sequence(16, best=2, probes=2) == [1, 4]
+    assert probe_sequence(16, best=1, probes=2) == [2, 2]  # nothing below 1
+    assert probe_sequence(16, best=16, probes=2) == [8, 8]  # nothing above the maximum
+
+
+def test_a_neighbour_exactly_as_fast_is_no_reason_to_move():
+    sizer = BatchSizer(16, probe_every=1000, min_samples=1, margin=0.0)
+    sizer.record(8, 0.008)  # 1,000 rows/s
+    sizer.record(16, 0.016)  # 1,000 rows/s too
+    assert sizer.best == 16
+    sizer.record(8, 0.004)  # now 8 rows serve more: 8 / (8 ms + 0.25 x -4 ms) = 1,143 rows/s
+    assert sizer.best == 8
 
 
 class SuperlinearModel:
