@@ -307,6 +307,87 @@ def test_the_device_is_where_the_model_s_parameters_are():
     assert ModelRunner(Opaque()).device is None
 
 
+class DeviceRecorder:
+    """Notes the device of each input it is given, and answers on the CPU (as a model on an
+    accelerator would once its output is copied back): y = x's row sums, one per row."""
+
+    def __init__(self):
+        self.devices: list[str] = []
+
+    def __call__(self, x):
+        tensor = x["x"] if isinstance(x, dict) else x
+        self.devices.append(tensor.device.type)
+        return torch.ones(tensor.shape[0], 1)
+
+
+@pytest.mark.parametrize("concatenate", [True, False])
+def test_inputs_are_moved_to_the_runner_s_device_and_answers_come_back(concatenate):
+    model = DeviceRecorder()  # "meta" stands in for an accelerator: it has no data to compute on
+
+    async def main():
+        async with ModelRunner(model, full_at(2), device="meta", concatenate=concatenate) as r:
+            x = {"x": torch.ones(1, 3)} if not concatenate else torch.ones(1, 3)
+            return await asyncio.gather(r.submit(x), r.submit(x))
+
+    answers = run(main())
+    assert model.devices == (["meta"] if concatenate else ["meta", "meta"])
+    assert all(torch.equal(a, torch.ones(1, 1)) for a in answers)
+
+
+def test_a_batch_of_one_request_reaches_the_model_without_a_copy():
+    seen = []
+
+    def model(x):
+        seen.append(x)
+        return x
+
+    x = torch.ones(2, 3)
+
+    async def main():
+        async with ModelRunner(model, full_at(2)) as runner:
+            return await runner.submit(x)
+
+    assert run(main()) is not None
+    assert seen[0].data_ptr() == x.data_ptr()  # the request's own memory: no concatenation
+
+
+def test_the_sizer_learns_from_each_successful_batch_and_its_model_time():
+    sleep_seconds = 0.02
+
+    def model(x):
+        threading.Event().wait(sleep_seconds)
+        return x
+
+    async def main():
+        settings = BatchSettings(max_batch_size=2, max_wait=0, batch_sizing="measured")
+        async with ModelRunner(model, settings) as runner:
+            started = asyncio.get_running_loop().time()
+            for _ in range(3):
+                await runner.submit(row(1.0))
+            return runner.sizer, asyncio.get_running_loop().time() - started
+
+    sizer, elapsed = run(main())
+    seconds_per_call = 1 / sizer.rows_per_second(1)  # three calls of one row: it counts
+    assert sleep_seconds <= seconds_per_call <= elapsed / 3
+
+
+def test_a_stopped_runner_s_worker_threads_end_and_one_never_started_stops_too():
+    async def main():
+        async with ModelRunner(Held(held=False), BatchSettings(instances=2),
+                               name="threads-end") as runner:
+            await asyncio.gather(*(runner.submit(row(1.0)) for _ in range(4)))
+            threads = [t for t in threading.enumerate()
+                       if t.name.startswith("mmserver-threads-end")]
+        await ModelRunner(Held(), name="never-started").stop()
+        return threads
+
+    threads = run(main())
+    assert threads, "the runner ran its calls in no thread of its own"
+    for thread in threads:
+        thread.join(GATE_SECONDS)
+        assert not thread.is_alive(), thread.name
+
+
 def test_stop_after_its_timeout_fails_what_is_left_without_waiting_for_the_model():
     model = Held()
 

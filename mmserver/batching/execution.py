@@ -83,6 +83,7 @@ class BatchExecutor:
     #: Wall seconds this instance spent running batches (its share of the model's work).
     busy_seconds: float = 0.0
     _pool: WorkerPool | None = None
+    #: When the latest call started (``perf_counter``); read only while it is stuck.
     _call_started: float | None = None
     #: On CUDA, the instance's own stream, so one instance's copies overlap another's compute.
     _stream: Any = None
@@ -105,7 +106,7 @@ class BatchExecutor:
     @property
     def stuck_seconds(self) -> float | None:
         """How long the call past ``call_timeout`` has run, or None when healthy."""
-        if not self.stuck.is_set() or self._call_started is None:
+        if not self.stuck.is_set():
             return None
         return time.perf_counter() - self._call_started
 
@@ -151,30 +152,25 @@ class BatchExecutor:
         """One call in the worker thread, watched by ``call_timeout``."""
         call = self._pool.run(self._call_in_thread, inputs, sizes)
         self._call_started = time.perf_counter()
+        if self.call_timeout is None:
+            return await call
         try:
-            if self.call_timeout is None:
-                return await call
-            try:
-                return await asyncio.wait_for(asyncio.shield(call), self.call_timeout)
-            except TimeoutError:
-                self.stuck.set()
-                if self.on_stuck is not None:
-                    self.on_stuck()
-                log.error("model=%s a call has run past its %g s limit; the model is unhealthy "
-                          "until it returns", self.name, self.call_timeout)
-                call.add_done_callback(self._unstuck)
-                raise InvocationTimeout(
-                    f"model {self.name!r} did not answer within its {self.call_timeout:g} s "
-                    "call timeout") from None
-        finally:
-            if not self.stuck.is_set():
-                self._call_started = None
+            return await asyncio.wait_for(asyncio.shield(call), self.call_timeout)
+        except TimeoutError:
+            self.stuck.set()
+            if self.on_stuck is not None:
+                self.on_stuck()
+            log.error("model=%s a call has run past its %g s limit; the model is unhealthy "
+                      "until it returns", self.name, self.call_timeout)
+            call.add_done_callback(self._unstuck)
+            raise InvocationTimeout(
+                f"model {self.name!r} did not answer within its {self.call_timeout:g} s "
+                "call timeout") from None
 
     def _unstuck(self, call: asyncio.Future) -> None:
         if not call.cancelled():
             call.exception()  # retrieved: the requests were answered already
         self.stuck.clear()
-        self._call_started = None
         log.warning("model=%s the stuck call returned; the model is healthy again", self.name)
         if self.on_unstuck is not None:
             self.on_unstuck()
@@ -277,7 +273,7 @@ class Instances:
         """While every instance is stuck, how long the most recent stuck call has run."""
         if not self.all_stuck.is_set():
             return None
-        return min(e.stuck_seconds or 0.0 for e in self.executors)
+        return min(e.stuck_seconds for e in self.executors)  # each is stuck: each has one
 
     def cancel(self) -> None:
         for task, _ in self._running.values():
