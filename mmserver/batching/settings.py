@@ -38,6 +38,10 @@ class Knob:
     choices: tuple[str, ...] = ()
     #: A variable read when ``env`` is unset (SageMaker's own name for the same setting).
     fallback_env: str | None = None
+    #: The smallest field value allowed (numbers only; a word must be one of ``choices``).
+    minimum: float = 0
+    #: The field's own unit, where it differs from the edges' (``max_wait``: seconds).
+    field_unit: str = ""
 
     @property
     def flag(self) -> str:
@@ -46,6 +50,20 @@ class Knob:
     def edge_value(self, settings: BatchSettings) -> object:
         value = getattr(settings, self.field)
         return value * self.edge_per_field if self.edge_per_field != 1 else value
+
+    def check(self, value: object) -> None:
+        """Refuse a field value this knob's kind, minimum or choices do not allow."""
+        if self.choices:
+            if value not in self.choices:
+                raise ValueError(f"{self.field} must be one of {self.choices}, got {value!r}")
+            return
+        number = not isinstance(value, bool) and isinstance(value, self.kind | int)
+        if self.kind is int and not (number and value >= self.minimum):
+            raise ValueError(f"{self.field} must be an integer >= {self.minimum}, got {value!r}")
+        if self.kind is float and not (number and value >= self.minimum and math.isfinite(value)):
+            unit = f" of {self.field_unit}" if self.field_unit else ""
+            raise ValueError(f"{self.field} must be a finite number{unit} >= {self.minimum}, "
+                             f"got {value!r}")
 
     def field_value(self, edge_value: object) -> object:
         if self.edge_per_field == 1:
@@ -57,7 +75,7 @@ class Knob:
 
 @dataclasses.dataclass(frozen=True)
 class BatchSettings:
-    """The knobs of one runner, checked once here (see the module docstring)."""
+    """The knobs of one runner, each checked by its :class:`Knob` (see the module docstring)."""
 
     max_batch_size: int = 16
     max_wait: float = 0.005
@@ -67,23 +85,8 @@ class BatchSettings:
     instances: int = 1
 
     def __post_init__(self):
-        if isinstance(self.max_batch_size, bool) or not isinstance(self.max_batch_size, int) \
-                or self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be an integer >= 1, got {self.max_batch_size!r}")
-        if isinstance(self.max_wait, bool) or not isinstance(self.max_wait, (int, float)) \
-                or not (self.max_wait >= 0 and math.isfinite(self.max_wait)):
-            raise ValueError(f"max_wait must be a finite number of seconds >= 0, "
-                             f"got {self.max_wait!r}")
-        if isinstance(self.max_queue_size, bool) or not isinstance(self.max_queue_size, int) \
-                or self.max_queue_size < 1:
-            raise ValueError(f"max_queue_size must be an integer >= 1, got {self.max_queue_size!r}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        if self.batch_sizing not in SIZINGS:
-            raise ValueError(f"batch_sizing must be one of {SIZINGS}, got {self.batch_sizing!r}")
-        if isinstance(self.instances, bool) or not isinstance(self.instances, int) \
-                or self.instances < 1:
-            raise ValueError(f"instances must be an integer >= 1, got {self.instances!r}")
+        for knob in KNOBS:
+            knob.check(getattr(self, knob.field))
 
     def overridden(self, overrides: Mapping[str, object]) -> BatchSettings:
         """These settings with edge values on top (``mmserver.json`` keys); unknown keys are refused.
@@ -99,7 +102,7 @@ class BatchSettings:
         try:
             return dataclasses.replace(self, **changes)
         except ValueError as error:
-            knob = KNOBS_BY_FIELD.get(str(error).split(" ", 1)[0])
+            knob = KNOBS_BY_FIELD.get(str(error).partition(" ")[0])
             if knob is None or knob.key == knob.field:
                 raise
             raise ValueError(f"{knob.key}={overrides[knob.key]!r} is not allowed: {error}") from None
@@ -107,11 +110,12 @@ class BatchSettings:
 
 KNOBS = (
     Knob("max_batch_size", "max_batch_size", "MMSERVER_MAX_BATCH_SIZE", "rows",
-         "the most rows one model call sees", int),
+         "the most rows one model call sees", int, minimum=1),
     Knob("max_wait", "max_wait_ms", "MMSERVER_MAX_WAIT_MS", "ms",
-         "how long the oldest queued request may wait for company", float, edge_per_field=1000),
+         "how long the oldest queued request may wait for company", float, edge_per_field=1000,
+         minimum=0, field_unit="seconds"),
     Knob("max_queue_size", "max_queue_size", "MMSERVER_MAX_QUEUE_SIZE", "requests",
-         "requests admitted and not yet in a batch; past it, 503", int),
+         "requests admitted and not yet in a batch; past it, 503", int, minimum=1),
     Knob("policy", "policy", "MMSERVER_BATCH_POLICY", "",
          "when a batch runs: greedy (when the model is idle) or timer (the book's rule)", str,
          choices=POLICIES),
@@ -120,7 +124,7 @@ KNOBS = (
          "most rows/s", str, choices=SIZINGS),
     Knob("instances", "instances", "MMSERVER_INSTANCES", "",
          "batches of one model run at once, on threads sharing one copy of its weights "
-         "(a script: only if it declares itself thread-safe)", int,
+         "(a script: only if it declares itself thread-safe)", int, minimum=1,
          fallback_env="SAGEMAKER_MODEL_SERVER_WORKERS"),
 )
 KNOBS_BY_KEY = {knob.key: knob for knob in KNOBS}
