@@ -40,36 +40,46 @@ disable_created_metrics()  # the *_created series double the output and nobody s
 class Metrics:
     def __init__(self):
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter("mmserver_requests", "Invocations answered, by HTTP status.",
-                                ["model", "status"], registry=r)
-        self.latency = Histogram("mmserver_request_latency_seconds",
-                                 "Invocation latency from request to response.", ["model"],
-                                 buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_wait = Histogram("mmserver_queue_wait_seconds",
-                                    "Time a request waited in the queue before its batch ran.",
-                                    ["model"], buckets=LATENCY_BUCKETS, registry=r)
-        self.compute = Histogram("mmserver_compute_seconds",
-                                 "Time one batch spent in the model (worker thread).",
-                                 ["model"], buckets=LATENCY_BUCKETS, registry=r)
-        self.batch_size = Histogram("mmserver_batch_size_rows", "Rows per model call.",
-                                    ["model"], buckets=BATCH_SIZE_BUCKETS, registry=r)
-        self.queue_depth = Gauge("mmserver_queue_depth",
-                                 "Requests admitted and not yet in a batch.", ["model"],
-                                 registry=r)
-        self.instances = Gauge("mmserver_model_instances",
-                               "Batches of the model that may run at once (its instances).",
-                               ["model"], registry=r)
-        self.instance_busy = Gauge("mmserver_instance_busy_seconds",
-                                   "Seconds each instance of a model has spent running batches.",
-                                   ["model", "instance"], registry=r)
-        self.models_loaded = Gauge("mmserver_models_loaded", "Models loaded now.", registry=r)
-        self.model_memory = Gauge("mmserver_model_memory_bytes",
-                                  "Bytes of parameters and buffers per loaded model.",
-                                  ["model"], registry=r)
+        #: Every metric labelled by model, with its label names: what an unload removes.
+        self._per_model: list[tuple[object, tuple[str, ...]]] = []
+        self.requests = self.per_model_metric(
+            Counter, "mmserver_requests", "Invocations answered, by HTTP status.",
+            ("model", "status"))
+        self.latency = self.per_model_metric(
+            Histogram, "mmserver_request_latency_seconds",
+            "Invocation latency from request to response.", buckets=LATENCY_BUCKETS)
+        self.queue_wait = self.per_model_metric(
+            Histogram, "mmserver_queue_wait_seconds",
+            "Time a request waited in the queue before its batch ran.", buckets=LATENCY_BUCKETS)
+        self.compute = self.per_model_metric(
+            Histogram, "mmserver_compute_seconds",
+            "Time one batch spent in the model (worker thread).", buckets=LATENCY_BUCKETS)
+        self.batch_size = self.per_model_metric(
+            Histogram, "mmserver_batch_size_rows", "Rows per model call.",
+            buckets=BATCH_SIZE_BUCKETS)
+        self.queue_depth = self.per_model_metric(
+            Gauge, "mmserver_queue_depth", "Requests admitted and not yet in a batch.")
+        self.instances = self.per_model_metric(
+            Gauge, "mmserver_model_instances",
+            "Batches of the model that may run at once (its instances).")
+        self.instance_busy = self.per_model_metric(
+            Gauge, "mmserver_instance_busy_seconds",
+            "Seconds each instance of a model has spent running batches.", ("model", "instance"))
+        self.model_memory = self.per_model_metric(
+            Gauge, "mmserver_model_memory_bytes",
+            "Bytes of parameters and buffers per loaded model.")
+        self.models_loaded = Gauge("mmserver_models_loaded", "Models loaded now.",
+                                   registry=self.registry)
         self._request_counters: dict[tuple[str, int], object] = {}
         self._latencies: dict[str, object] = {}
         self._loaded: set[str] = set()
+
+    def per_model_metric(self, kind, name: str, documentation: str,
+                         labels: tuple[str, ...] = ("model",), **options):
+        """Declare a metric whose first label is the model: its series go when the model does."""
+        metric = kind(name, documentation, labels, registry=self.registry, **options)
+        self._per_model.append((metric, labels))
+        return metric
 
     def model_loaded(self, model: LoadedModel) -> None:
         name = model.name
@@ -86,18 +96,18 @@ class Metrics:
         runner.add_listener(self._batch_observer(name))
 
     def model_unloaded(self, model: LoadedModel) -> None:
-        """Remove every series of the model: gauges, request counts and histograms."""
+        """Remove every series labelled with the model, found in what each metric exports."""
         name = model.name
         self._loaded.discard(name)
         self.models_loaded.dec()
-        for metric in (self.model_memory, self.queue_depth, self.latency, self.queue_wait,
-                       self.compute, self.batch_size, self.instances):
-            _remove_quietly(metric, name)
-        for index in range(len(model.runner.instances.executors)):
-            _remove_quietly(self.instance_busy, name, str(index))
+        for metric, labels in self._per_model:
+            series = {tuple(sample.labels[label] for label in labels)
+                      for family in metric.collect() for sample in family.samples
+                      if sample.labels.get("model") == name}
+            for values in series:
+                metric.remove(*values)
         for key in [key for key in self._request_counters if key[0] == name]:
             del self._request_counters[key]
-            _remove_quietly(self.requests, name, str(key[1]))
         self._latencies.pop(name, None)
 
     def _batch_observer(self, name: str):
@@ -129,10 +139,3 @@ class Metrics:
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
-
-def _remove_quietly(metric, *labels: str) -> None:
-    """``metric.remove(*labels)``, where a series never observed is no error."""
-    try:
-        metric.remove(*labels)
-    except KeyError:
-        pass
