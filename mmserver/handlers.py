@@ -171,7 +171,7 @@ class ModelHandler:
             "gpu_id": self.device.index if self.device.type == "cuda" else None})
         model_dir = str(self.model_dir)
         if "pre_model_fn" in functions:
-            _at_load(functions["pre_model_fn"], model_dir, context=context)
+            _at_load(functions["pre_model_fn"], model_dir=model_dir, context=context)
         model_file = self._build_model(functions, context)
         self.model = model_file.model
         #: ``script`` (the folder has code), ``torchscript`` or ``export`` (its model file).
@@ -181,7 +181,8 @@ class ModelHandler:
         #: Requests may arrive as decoded tensors (the v2 protocol): not for transform_fn.
         self.takes_tensors = "transform_fn" not in functions
         if "model_warmup_fn" in functions:
-            _at_load(functions["model_warmup_fn"], model_dir, self.model, context=context)
+            _at_load(functions["model_warmup_fn"], model_dir=model_dir, model=self.model,
+                     context=context)
         self.row_wise = _decide_row_wise(declared_row_wise, self._code, functions)
         #: The model's own input_fn/output_fn run in its threads, never on the event loop.
         self.user_codecs = bool(functions.keys() & {"input_fn", "output_fn"})
@@ -198,7 +199,7 @@ class ModelHandler:
                 raise
             except Exception as error:
                 raise _load_error("loading the model file", error) from error
-        model = _at_load(functions["model_fn"], str(self.model_dir), context=context)
+        model = _at_load(functions["model_fn"], model_dir=str(self.model_dir), context=context)
         if isinstance(model, torch.nn.Module) and not functions.keys() & {
                 "predict_fn", "transform_fn"}:
             model = model.to(self.device).eval()
@@ -210,8 +211,9 @@ class ModelHandler:
         transform_fn = functions.get("transform_fn")
         if transform_fn is not None:
             self.decode = _transform_body
-            self.predict = lambda one: transform_fn(model, one.data, one.context.content_type,
-                                                    one.context.accept, context=one.context)
+            self.predict = lambda one: transform_fn(
+                model=model, request_body=one.data, content_type=one.context.content_type,
+                accept=one.context.accept, context=one.context)
             self.encode = lambda result, context: response_from(result, context.accept,
                                                                 "transform_fn")
             return
@@ -223,10 +225,11 @@ class ModelHandler:
         call = _default_call(model)
         if self.row_wise:
             self.predict = call if predict_fn is None else (
-                lambda batch: predict_fn(batch, model, context=load_context))
+                lambda batch: predict_fn(data=batch, model=model, context=load_context))
         else:
             self.predict = (lambda one: call(moved(one.data, device))) if predict_fn is None \
-                else (lambda one: predict_fn(moved(one.data, device), model, context=one.context))
+                else (lambda one: predict_fn(data=moved(one.data, device), model=model,
+                                             context=one.context))
         output_fn = functions.get("output_fn")
         self.encode = _default_output if output_fn is None else _user_output(output_fn)
 
@@ -259,8 +262,8 @@ def _checked_default_input(signature: signatures.Signature):
 def _user_input(input_fn: UserFunction):
     def read(body: bytes, context: RequestContext) -> Any:
         payload = body_for_user_code(body, context.content_type)
-        return input_fn.call_or_raise(_input_error, payload, context.content_type,
-                                      context=context)
+        return input_fn.call_or_raise(_input_error, request_body=payload,
+                                      request_content_type=context.content_type, context=context)
     return read
 
 
@@ -327,7 +330,8 @@ def _default_output(rows: Any, context: RequestContext) -> tuple[bytes, str]:
 
 def _user_output(output_fn: UserFunction):
     def encode(rows: Any, context: RequestContext) -> tuple[bytes, str]:
-        result = output_fn.call_or_raise(_output_error, rows, context.accept, context=context)
+        result = output_fn.call_or_raise(_output_error, prediction=rows, accept=context.accept,
+                                         context=context)
         return response_from(result, context.accept, "output_fn")
     return encode
 
@@ -341,9 +345,9 @@ def _output_error(error: BaseException) -> MMServerError:
 # -- load ---------------------------------------------------------------------------
 
 
-def _at_load(function: UserFunction, *args: Any, context: LoadContext) -> Any:
-    return function.call_or_raise(lambda error: _load_error(function.name, error), *args,
-                                  context=context)
+def _at_load(function: UserFunction, *, context: LoadContext, **arguments: Any) -> Any:
+    return function.call_or_raise(lambda error: _load_error(function.name, error),
+                                  context=context, **arguments)
 
 
 def _load_error(what: str, error: BaseException) -> MMServerError:

@@ -93,21 +93,27 @@ class UserFunction:
                 f"{name} takes {len(parameters)} parameters; it is called with {expected} "
                 f"({', '.join(HANDLER_PARAMETERS[name])}), or {expected + 1} with the context")
 
-    def __call__(self, *args: Any, context: Any) -> Any:
+    def __call__(self, *, context: Any, **arguments: Any) -> Any:
+        """Call it with ``arguments`` named as in :data:`HANDLER_PARAMETERS`, in that order."""
+        names = HANDLER_PARAMETERS[self.name]
+        if arguments.keys() != set(names):
+            raise TypeError(f"{self.name} is called with {', '.join(names)}, "
+                            f"not {', '.join(arguments)}")
+        args = [arguments[name] for name in names]
         if not self._takes_context:
             return self.function(*args)
         if self._context_keyword is not None:
             return self.function(*args, **{self._context_keyword: context})
         return self.function(*args, context)
 
-    def call_or_raise(self, fail: Callable[[BaseException], MMServerError], *args: Any,
-                      context: Any) -> Any:
+    def call_or_raise(self, fail: Callable[[BaseException], MMServerError], *, context: Any,
+                      **arguments: Any) -> Any:
         """Call it; anything it raises but our own errors becomes ``fail(error)``.
 
         ``BaseException`` too: a script's ``sys.exit()`` fails its call, never the server.
         """
         try:
-            return self(*args, context=context)
+            return self(context=context, **arguments)
         except MMServerError:
             raise
         except BaseException as error:
