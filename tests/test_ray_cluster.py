@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from conftest import SLOW_CODE, write_code, write_torchscript
-from helpers import assert_error
+from helpers import assert_error, wait_until
 
 pytest.importorskip("ray.serve", reason="the Ray tests need the ray extra: pip install -e '.[ray]'")
 
@@ -295,7 +295,7 @@ def test_a_replica_killed_while_serving_loses_a_bounded_number_of_requests(clien
     for thread in threads:
         thread.start()
     try:
-        time.sleep(1.0)
+        assert wait_until(lambda: len(outcomes) >= 2 * clients, 60), "no load before the kill"
         killed_at = time.monotonic()
         os.kill(victim["pid"], signal.SIGKILL)
         deadline = killed_at + RECOVERY_SECONDS

@@ -510,7 +510,7 @@ def test_a_wrong_width_request_logs_one_line_without_a_trace(srv):
         log_size = len(srv.log())
         body = assert_error(srv.invoke("wide", [[1.0, 2.0, 3.0]], timeout=10), 500, "ModelError")
         assert "wide" in body["message"]
-        time.sleep(0.1)
+        assert wait_until(lambda: "wide" in srv.log()[log_size:], 10), "the failure was not logged"
         logged = srv.log()[log_size:]
     assert "Traceback" not in logged
     assert len(logged.strip().splitlines()) <= 1 and len(logged) < 800, logged

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT, SLOW_CODE, running_server, write_code, write_torchscript
-from helpers import assert_error
+from helpers import assert_error, wait_for_in_flight
 
 from mmserver.examples import write_examples
 
@@ -575,7 +575,7 @@ def test_unload_through_v2_lets_accepted_requests_finish(server, client, v2_root
     request = {"inputs": [json_tensor("INPUT__0", "FP32", [1, 1], [0.25])]}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         pending = pool.submit(post_v2, server, "/v2/models/draining/infer", request)
-        time.sleep(0.1)
+        wait_for_in_flight(server, "draining", 1)
         client.unload_model("draining")
         status, _, body = pending.result(timeout=30)
     assert (status, body["outputs"][0]["data"]) == (200, [1.5])
@@ -586,7 +586,7 @@ def test_a_full_queue_answers_503_over_v2(server, client):
     body = json.dumps({"inputs": [json_tensor("INPUT__0", "FP32", [1, 1], [0.5])]})
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         first = pool.submit(server.request, "POST", "/v2/models/slow/infer", body)
-        time.sleep(0.1)
+        wait_for_in_flight(server, "slow", 1)
         others = [pool.submit(server.request, "POST", "/v2/models/slow/infer", body)
                   for _ in range(3)]
         results = [first.result(), *(f.result() for f in others)]
