@@ -35,7 +35,7 @@ import harness
 from loadtests._payload import payload
 from loadtests.costs import on_server_core
 from loadtests.models import build, row_shape, write_model
-from mmserver.testing import histogram, scrape_metrics
+from mmserver.harness.testing import histogram, scrape_metrics
 
 
 def raw_seconds(model, name: str, device: torch.device, batch_size: int, repeats: int) -> float:

@@ -2,7 +2,7 @@
 
 On a GPU host the model's call holds no CPU, so what limits throughput is the server's own
 CPU cost per request. This benchmark serves the simulated device
-(``mmserver.simulated_device``, labelled as simulated: t(b) = 1 ms + b x 1/32 ms, a batch of
+(``mmserver.harness.simulated_device``, labelled as simulated: t(b) = 1 ms + b x 1/32 ms, a batch of
 32 rows in 2 ms, no CPU held) from one mmserver pinned to one core, and drives it with 8 and
 32 closed-loop users from the other core, one wire at a time:
 
@@ -38,8 +38,13 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
-from mmserver.simulated_device import write_model_folder  # noqa: E402
-from mmserver.testing import ServerProcess, http_request, sample_value, scrape_metrics  # noqa: E402
+from mmserver.harness.simulated_device import write_model_folder  # noqa: E402
+from mmserver.harness.testing import (  # noqa: E402
+    ServerProcess,
+    http_request,
+    sample_value,
+    scrape_metrics,
+)
 
 QUICK = os.environ.get("MMSERVER_QUICK") == "1"
 FIXED_SECONDS = 0.001

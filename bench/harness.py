@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from mmserver.testing import (
+from mmserver.harness.testing import (
     LOG_TAIL_CHARS,
     ServerProcess,
     sample_value,

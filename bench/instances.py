@@ -2,8 +2,9 @@
 
 Three measurements, each a ratio taken in the same run (no timed asserts anywhere):
 
-1. **A model whose calls hold no CPU** (the simulated device of ``mmserver.simulated_device``,
-   ``stream="per_thread"``, so each instance has a stream of its own, as each instance has a
+1. **A model whose calls hold no CPU** (the simulated device of
+   ``mmserver.harness.simulated_device``, ``stream="per_thread"``, so each instance has a
+   stream of its own, as each instance has a
    CUDA stream on a GPU): one mmserver serves the same folder twice, as ``sim1`` (1 instance)
    and ``sim2`` (2 instances); 64 closed-loop users take turns on each in interleaved rounds
    (each instance needs a full batch in flight and one forming to be kept busy).
@@ -37,8 +38,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
-from mmserver.simulated_device import LinearBatchTime, write_model_folder  # noqa: E402
-from mmserver.testing import ServerProcess  # noqa: E402
+from mmserver.harness.simulated_device import LinearBatchTime, write_model_folder  # noqa: E402
+from mmserver.harness.testing import ServerProcess  # noqa: E402
 
 QUICK = os.environ.get("MMSERVER_QUICK") == "1"
 USERS = 32

@@ -79,7 +79,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
 from mmserver.cli import event_loop  # noqa: E402
-from mmserver.testing import ServerProcess, free_port, http_request  # noqa: E402
+from mmserver.harness.testing import ServerProcess, free_port, http_request  # noqa: E402
 
 INPUT_SHAPE = (3, 32, 32)
 MAX_BATCH_SIZE = 16

@@ -35,7 +35,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from mmserver.testing import ServerProcess
+from mmserver.harness.testing import ServerProcess
 
 QUICK = os.environ.get("MMSERVER_QUICK") == "1"
 SECONDS = float(os.environ.get("MMSERVER_SOAK_SECONDS") or (30 if QUICK else 600))

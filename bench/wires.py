@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
-from mmserver.testing import http_request  # noqa: E402
+from mmserver.harness.testing import http_request  # noqa: E402
 
 INPUT_SHAPE = (3, 32, 32)
 QUICK = os.environ.get("MMSERVER_QUICK") == "1"

@@ -139,7 +139,7 @@ class Cited:
 
 _NVIDIA = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "
            "'Inference performance results' (V100 16GB, FP32, pytorch-21.03), via "
-           "mmserver.simulated_device")
+           "mmserver.harness.simulated_device")
 _SAGEMAKER_MME = ("AWS, Amazon SageMaker Developer Guide, multi-model endpoints: invoke_endpoint "
                   "answers within 60 s, else ModelNotReadyException")
 

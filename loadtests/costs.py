@@ -122,7 +122,7 @@ def saturate_models(models: dict, body: bytes, *, max_batch_size: int, window_s:
 
     import psutil
 
-    from mmserver.testing import ServerProcess, sample_value
+    from mmserver.harness.testing import ServerProcess, sample_value
 
     harness = _harness()
 

@@ -3,7 +3,7 @@
     python -m loadtests.shared_device --a-policy timer --a-wait-ms 120 --out build/shared
 
 One ``mmserver serve`` (core 0) serves two models, ``simulated-v100-a`` and
-``simulated-v100-b``, each a :class:`mmserver.simulated_device.SimulatedDevice`
+``simulated-v100-b``, each a :class:`mmserver.harness.simulated_device.SimulatedDevice`
 naming the same ``stream``: one simulated GPU that runs one call at a time, as
 two models on one CUDA stream do. Each model has its own ``mmserver.json``
 (its own queue and batching settings). Two locust processes (core 1) offer
@@ -28,8 +28,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from mmserver.simulated_device import write_model_folder
-from mmserver.testing import ServerProcess
+from mmserver.harness.simulated_device import write_model_folder
+from mmserver.harness.testing import ServerProcess
 
 # loadtests.* is imported inside functions: locust reads every module of this folder as a
 # locustfile, from wherever it runs, where the package may not be importable.

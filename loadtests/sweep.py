@@ -49,7 +49,7 @@ when that is set.
 the deep, narrow network of ``loadtests/models.py`` whose batch of 32 costs
 little more than a batch of one (the accelerator regime, on a CPU), and
 ``resnet18-224``/``resnet50-224`` are for a GPU host; ``simulated-v100`` is
-``mmserver.simulated_device`` (NVIDIA's published ResNet-50 V100 FP32 t(b),
+``mmserver.harness.simulated_device`` (NVIDIA's published ResNet-50 V100 FP32 t(b),
 times ``--time-scale``; labelled simulated, holds no CPU). Each model has its own
 default grid (``FULL``/``QUICK``), its loads placed around its capacity.
 
@@ -76,7 +76,7 @@ import threading
 import time
 from pathlib import Path
 
-from mmserver.testing import ServerProcess, histogram, sample_value, taskset_prefix
+from mmserver.harness.testing import ServerProcess, histogram, sample_value, taskset_prefix
 
 # loadtests.* is imported inside functions: locust also reads this file as a locustfile,
 # on its own, from wherever it runs, where the package may not be importable.
@@ -147,7 +147,7 @@ GPU_FULL = Grid(policies=("greedy", "timer"), batch_sizes=(1, 8, 16, 32, 64),
                 waits_ms=(0, 2, 5), loads_rps=(100, 400, 800, 1600), duration_s=7,
                 timer_batch_sizes=(32,))
 GRIDS.update({name: (GPU_FULL, QUICK) for name in ("resnet18-224", "resnet50-224")})
-# The simulated V100 (mmserver.simulated_device, NVIDIA's FP32 ResNet-50 t(b), times
+# The simulated V100 (mmserver.harness.simulated_device, NVIDIA's FP32 ResNet-50 t(b), times
 # SIMULATED_TIME_SCALE): t(1) ~31 ms, capacity ~48 requests/s at MAX_BATCH_SIZE 1 and ~330
 # at 16. Notebook 08 places its loads around the capacity it measures first.
 SIMULATED = "simulated-v100"
@@ -446,7 +446,7 @@ def prepare_model_root(args, root: Path) -> Path:
     """The model's model.pt in a folder of our own, without the example's mmserver.json."""
     target = root / args.model / "model"
     if args.model == SIMULATED:
-        from mmserver.simulated_device import write_model_folder
+        from mmserver.harness.simulated_device import write_model_folder
         write_model_folder(target, time_scale=args.time_scale, input_features=16)
         return root
     if args.model != "resnet18":  # not an example: loadtests.models writes it
@@ -456,7 +456,7 @@ def prepare_model_root(args, root: Path) -> Path:
     source = args.examples_dir / args.model / "model"
     if not (source / "model.pt").exists():
         print(f"writing the {args.model} example to {args.examples_dir} ...", flush=True)
-        from mmserver.examples import write_examples
+        from mmserver.harness.examples import write_examples
         write_examples(args.examples_dir, names=[args.model])
     target.mkdir(parents=True, exist_ok=True)
     for name in ("model.pt", "metadata.json"):

@@ -105,7 +105,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def serve(args: argparse.Namespace) -> None:
-    from mmserver.app import create_app
+    from mmserver.http.app import create_app
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -192,7 +192,7 @@ def event_loop(uvloop: bool | None = None):
 
 
 async def _announce(app: web.Application) -> None:
-    from mmserver.app import REGISTRY, SETTINGS
+    from mmserver.http.app import REGISTRY, SETTINGS
 
     settings, registry = app[SETTINGS], app[REGISTRY]
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
@@ -209,7 +209,7 @@ async def _announce(app: web.Application) -> None:
 
 
 def examples(args: argparse.Namespace) -> None:
-    from mmserver.examples import write_examples
+    from mmserver.harness.examples import write_examples
 
     logging.basicConfig(level="INFO", format="%(message)s")
     written = write_examples(args.directory, names=args.names)

@@ -3,7 +3,7 @@
 Every error the package raises on purpose derives from :class:`MMServerError`,
 and ``str(error)`` is the message sent to the client. Only ``app`` knows HTTP:
 it looks a status code up by walking the error's class hierarchy
-(``http_errors.STATUS_BY_ERROR``), so a subclass inherits its parent's status unless
+(``http.errors.STATUS_BY_ERROR``), so a subclass inherits its parent's status unless
 it has its own and the order of the table cannot matter.
 
 This module imports nothing, so ``batching`` (which notebooks run on its own)

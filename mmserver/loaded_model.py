@@ -1,7 +1,7 @@
 """A loaded model: everything one model needs to serve, in one object that owns its life.
 
 A :class:`LoadedModel` holds the model folder's resolved functions
-(:class:`~mmserver.handlers.ModelHandler`), its :class:`ModelRunner` (the batching
+(:class:`~mmserver.handler.folder.ModelHandler`), its :class:`ModelRunner` (the batching
 queue), the threads that run its own ``input_fn``/``output_fn``, its memory
 figure, and :meth:`close`, which drains and frees all of them. The registry, both
 protocols' routes and any other host use it alike; nothing here knows HTTP.
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from mmserver.batching import BatchSettings, ModelRunner, RunnerStats
-from mmserver.handlers import ModelHandler
-from mmserver.requirements import InstalledRequirements
+from mmserver.handler.folder import ModelHandler
+from mmserver.handler.requirements import InstalledRequirements
 from mmserver.workers import WorkerPool
 
 log = logging.getLogger(__name__)

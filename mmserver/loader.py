@@ -20,10 +20,14 @@ import torch
 from mmserver.batching import BatchSettings, ModelRunner, is_out_of_memory
 from mmserver.capacity import measured_load
 from mmserver.errors import InsufficientResources, InvalidModelArtifact, LoadTimeout
-from mmserver.handlers import ModelHandler
-from mmserver.model_settings import SETTINGS_FILE, THREAD_SAFE_ATTRIBUTE, THREAD_SAFE_KEY
+from mmserver.handler.folder import ModelHandler
+from mmserver.handler.requirements import (
+    REQUIREMENTS_FILE,
+    InstalledRequirements,
+    RequirementsCache,
+)
 from mmserver.loaded_model import LoadedModel
-from mmserver.requirements import REQUIREMENTS_FILE, InstalledRequirements, RequirementsCache
+from mmserver.model_settings import SETTINGS_FILE, THREAD_SAFE_ATTRIBUTE, THREAD_SAFE_KEY
 from mmserver.workers import WorkerPool
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ The steps are the same for both protocols; what differs is the *wire*
 (:class:`Wire`): how a body becomes the runner's input and its output an
 answer. SageMaker's invocations use :class:`ToolkitWire` (the model's
 ``input_fn``/``output_fn`` or the default codecs); the v2 protocol has its own
-(``http_v2``). Either way a request takes a slot in the same runner queue,
+(``http.v2``). Either way a request takes a slot in the same runner queue,
 under the same admission, payload limit and deadline, and counts as an
 invocation of the model, so unloading it waits for both kinds alike.
 
@@ -47,9 +47,9 @@ import torch
 from mmserver import codecs
 from mmserver.config import Settings
 from mmserver.errors import BodyTimeout, InvocationTimeout, PayloadTooLarge
-from mmserver.handlers import ModelHandler
+from mmserver.handler.folder import ModelHandler
+from mmserver.handler.toolkit import RequestContext
 from mmserver.loaded_model import LoadedModel
-from mmserver.toolkit import RequestContext
 from mmserver.workers import WorkerPool
 
 #: Outputs with at least this many numbers are encoded in a worker thread: writing 100,000

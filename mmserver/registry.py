@@ -32,12 +32,12 @@ from mmserver.errors import (
     ModelNotFound,
     ModelUrlNotFound,
 )
-from mmserver.handlers import is_model_folder
+from mmserver.handler.folder import is_model_folder
+from mmserver.handler.requirements import RequirementsCache
 from mmserver.loaded_model import NOT_LOADED, LoadedModel, ModelInfo, ModelStatus
 from mmserver.loader import load_model
 from mmserver.model_roots import ModelRoots
 from mmserver.paging import paginate
-from mmserver.requirements import RequirementsCache
 
 log = logging.getLogger(__name__)
 

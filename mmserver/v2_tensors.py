@@ -1,7 +1,7 @@
 """Tensors of the Open Inference Protocol (KServe v2), as JSON and as Triton's binary data.
 
 Pure: bytes and JSON objects in, ``torch.Tensor`` out, and back; nothing here
-knows HTTP, models or the answer's keys (``http_v2`` shapes those). What it
+knows HTTP, models or the answer's keys (``http.v2`` shapes those). What it
 owns, so that every check lives in one place:
 
 * the datatype table, the protocol's names (``FP32``, ``INT64``, ``BOOL``...)

@@ -10,7 +10,7 @@ handler does three things, in order, on the event loop:
 3. ``await runner.process_input(tensor)`` and answer the output.
 
 That design is kept here on purpose, so that notebook 04 (and ``bench/peers.py``)
-can put it beside ``mmserver.app`` and measure what the HTTP layer adds. What the
+can put it beside ``mmserver.http.app`` and measure what the HTTP layer adds. What the
 book does and this module keeps:
 
 * the body is read completely before anything else is decided, so a full queue

@@ -13,10 +13,10 @@ import pytest
 import torch
 from aiohttp.test_utils import TestClient, TestServer
 
-from mmserver.app import create_app
+from mmserver.http.app import create_app
 from mmserver.config import Settings
 from mmserver.ray.testing import RAY_ENVIRONMENT
-from mmserver.testing import ModelServerClient, ServerProcess
+from mmserver.harness.testing import ModelServerClient, ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,7 +169,7 @@ def model_root(tmp_path_factory) -> Path:
 
 
 class Server(ServerProcess):
-    """A started :class:`mmserver.testing.ServerProcess`, run from the repository root."""
+    """A started :class:`mmserver.harness.testing.ServerProcess`, run from the repository root."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None):
         super().__init__(args, env=env, cwd=ROOT)
@@ -195,7 +195,7 @@ def server(model_root) -> Iterator[Server]:
 class InProcessServer(ModelServerClient):
     """``create_app(settings)`` behind aiohttp's ``TestServer``, on an event loop of its own.
 
-    Synchronous calls, as :class:`mmserver.testing.ServerProcess` offers, so a test reads
+    Synchronous calls, as :class:`mmserver.harness.testing.ServerProcess` offers, so a test reads
     the same against either; no pytest plugin for asyncio is needed. The loop runs only
     while a request is in flight, so requests are sent one at a time.
     """

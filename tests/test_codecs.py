@@ -111,7 +111,7 @@ from mmserver.errors import (  # noqa: E402
     PayloadTooLarge,
     UnsupportedContentType,
 )
-from mmserver.http_errors import status_for  # noqa: E402
+from mmserver.http.errors import status_for  # noqa: E402
 
 JSON, NPY, CSV = codecs.JSON, codecs.NPY, codecs.CSV
 

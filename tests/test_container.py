@@ -40,7 +40,7 @@ from pathlib import Path
 import pytest
 from conftest import SLOW_CODE, write_code, write_torchscript
 
-from mmserver.testing import RunningServer, free_port, wait_for_ping
+from mmserver.harness.testing import RunningServer, free_port, wait_for_ping
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"

@@ -12,7 +12,7 @@ import torchvision
 from helpers import SAME_ANSWER_ATOL, SAME_ANSWER_RTOL, assert_same_answer
 from torchvision.transforms.v2 import functional as F
 
-from mmserver.examples import EXAMPLES, load_digits_split, write_examples
+from mmserver.harness.examples import EXAMPLES, load_digits_split, write_examples
 
 SEED = 0
 # Test digits sent through each image path. Measured with seed 0: 10 of the

@@ -1,6 +1,6 @@
 """Property-based fuzzing of the HTTP API from its own OpenAPI description.
 
-schemathesis turns ``mmserver/openapi.json`` into request strategies for every
+schemathesis turns ``mmserver/http/openapi.json`` into request strategies for every
 operation; hypothesis draws requests from them and sends them to a real server
 process. Whatever arrives, the server must answer with a status the description
 documents for that operation, never a 5xx (the target models, ``y = 2x + 1``
@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = schemathesis.openapi.from_path(str(ROOT / "mmserver" / "openapi.json"))
+SCHEMA = schemathesis.openapi.from_path(str(ROOT / "mmserver" / "http" / "openapi.json"))
 OPERATIONS = [result.ok() for result in SCHEMA.get_all_operations()]
 QUICK = os.environ.get("MMSERVER_QUICK") == "1"
 EXAMPLES = int(os.environ.get("MMSERVER_FUZZ_EXAMPLES") or (20 if QUICK else 60))

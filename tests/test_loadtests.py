@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, Server, running_server
 
-from mmserver.testing import free_port
+from mmserver.harness.testing import free_port
 
 if str(ROOT) not in sys.path:  # loadtests/ is a folder of the repository, not an installed package
     sys.path.insert(0, str(ROOT))
@@ -31,7 +31,7 @@ SCENARIOS = ["SteadyUser", "OpenLoopUser", "ManyModelsUser", "ChurnUser", "Spike
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory) -> Path:
     """The example models the scenarios load, in a model root of their own."""
-    from mmserver.examples import write_examples
+    from mmserver.harness.examples import write_examples
 
     root = tmp_path_factory.mktemp("examples")
     write_examples(root, names=["resnet18", "tabular"])

@@ -17,7 +17,7 @@ import torchvision.io
 from conftest import ROOT
 from sklearn.datasets import load_digits
 
-from mmserver.testing import free_port
+from mmserver.harness.testing import free_port
 
 
 def post(url: str, body: bytes, content_type: str) -> tuple[int, bytes]:

@@ -25,7 +25,7 @@ import torch
 import torchvision.io
 from conftest import ROOT
 
-from mmserver.testing import ServerProcess
+from mmserver.harness.testing import ServerProcess
 
 README = ROOT / "README.md"
 README_PORT = 8080

@@ -26,7 +26,7 @@ import torch
 from conftest import SLOW_CODE, running_server, write_code, write_torchscript
 from helpers import assert_error, wait_for_in_flight, wait_until
 
-from mmserver.testing import http_request
+from mmserver.harness.testing import http_request
 
 #: The short limits every server of this module runs under.
 SHORT_LIMITS = {

@@ -13,9 +13,9 @@ import contextlib
 
 import pytest
 
-from mmserver import requirements
+from mmserver.handler import requirements
 from mmserver.errors import InvalidModelArtifact
-from mmserver.requirements import RequirementsCache, installed_module_names
+from mmserver.handler.requirements import RequirementsCache, installed_module_names
 
 
 def run(coro, timeout: float = 10):

@@ -10,6 +10,8 @@ is the behaviour under test, not a wait.
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import threading
 
 import pytest
@@ -161,6 +163,31 @@ def test_a_stuck_call_makes_the_model_unhealthy_until_it_returns():
     stats = run(main())
     assert model.calls == [[0.0], [3.0]]
     assert (stats.requests_completed, stats.requests_failed) == (1, 1)
+
+
+def test_a_stuck_call_that_finally_raises_leaves_no_unretrieved_error_behind(caplog):
+    """Its request was answered (timed out) long ago; the error it raises at last is read and
+    dropped, not reported by asyncio as "Future exception was never retrieved"."""
+    class HeldThenFails(Held):
+        def forward(self, x):
+            super().forward(x)
+            raise RuntimeError("too late to matter")
+
+    model = HeldThenFails()
+
+    async def main():
+        settings = BatchSettings(max_batch_size=1, max_wait=0)
+        async with ModelRunner(model, settings, call_timeout=0.05) as runner:
+            with pytest.raises(InvocationTimeout):
+                await runner.submit(row(0.0))
+            model.release.set()
+            await until(lambda: runner.stuck_seconds is None)
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        run(main())
+        gc.collect()  # an unretrieved exception is reported when its future is collected
+    assert model.left.is_set()
+    assert "never retrieved" not in caplog.text
 
 
 def test_stop_does_not_wait_for_a_stuck_call_and_answers_what_was_queued():

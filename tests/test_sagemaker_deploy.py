@@ -23,7 +23,7 @@ from botocore.response import StreamingBody
 from botocore.stub import ANY, Stubber
 from conftest import ROOT, write_torchscript
 
-from mmserver.testing import ServerProcess
+from mmserver.harness.testing import ServerProcess
 
 SPEC = importlib.util.spec_from_file_location("sagemaker_mme",
                                               ROOT / "deploy" / "sagemaker_mme.py")

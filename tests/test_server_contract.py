@@ -3,7 +3,7 @@
 Every case runs twice: against ``create_app(settings)`` behind aiohttp's test server in
 this process (fast, and a failure points at the route) and against ``python -m mmserver
 serve`` in a subprocess over real sockets. Both are built from the same command-line
-arguments and driven through ``mmserver.testing.ModelServerClient``, so one set of cases
+arguments and driven through ``mmserver.harness.testing.ModelServerClient``, so one set of cases
 states the contract once. One server of each kind serves the whole module, and every case
 starts from a server that holds ``preloaded`` and nothing else.
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import ROOT, running_server
 
-from mmserver.simulated_device import (
+from mmserver.harness.simulated_device import (
     DEFAULT_FIGURE,
     PCIE3_X16_BYTES_PER_SECOND,
     PER_THREAD,

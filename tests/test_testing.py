@@ -1,4 +1,4 @@
-"""mmserver.testing, the harness the tests, the sweep, the benchmarks and the notebooks share."""
+"""mmserver.harness.testing: the harness the tests, the sweep, the benchmarks and notebooks share."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mmserver.testing import (
+from mmserver.harness.testing import (
     ServerProcess,
     free_port,
     histogram,

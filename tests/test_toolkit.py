@@ -525,7 +525,7 @@ def assert_same_digits_answer(batched: dict, alone: dict) -> None:
 def test_digits_refuses_an_image_bomb_from_its_header_and_still_batches(tmp_path):
     import torchvision
 
-    from mmserver.examples import write_examples
+    from mmserver.harness.examples import write_examples
 
     folder = write_examples(tmp_path, names=["digits"])["digits"]
     with running_server(["--model-root", str(tmp_path), "--no-access-log"]) as server:

@@ -32,7 +32,7 @@ import torch
 from conftest import ROOT, SLOW_CODE, running_server, write_code, write_torchscript
 from helpers import assert_error, wait_for_in_flight
 
-from mmserver.examples import write_examples
+from mmserver.harness.examples import write_examples
 
 tritonclient_http = pytest.importorskip("tritonclient.http")
 import tritonclient.http.aio as triton_aio  # noqa: E402
@@ -892,7 +892,7 @@ def test_the_readmes_tritonclient_example_prints_what_its_comments_say(server):
 
 def test_every_model_status_has_a_repository_state():
     """A status added to the enum and not here would answer 500 on /v2/repository/index."""
-    from mmserver.http_v2 import STATES
+    from mmserver.http.v2 import STATES
     from mmserver.loaded_model import ModelStatus
 
     assert set(STATES) == set(ModelStatus)

@@ -3,8 +3,8 @@
 Serve's HTTP proxy hands each request to this deployment's ``__call__`` as a
 Starlette request; the answer is a Starlette response. The routes, status
 codes, error bodies and pagination are ``mmserver serve``'s (docs/design.md
-section 4), built by the same functions: ``http_requests`` reads the bodies and
-queries, ``http_answers`` writes the camelCase answers, ``http_errors`` turns a
+section 4), built by the same functions: ``http.requests`` reads the bodies and
+queries, ``http.answers`` writes the camelCase answers, ``http.errors`` turns a
 domain error into its status, body and headers. What a cluster changes
 (section 11):
 
@@ -41,16 +41,17 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from mmserver import errors, http_answers
+from mmserver import errors
 from mmserver.config import Settings
-from mmserver.http_errors import (
+from mmserver.http import answers
+from mmserver.http.errors import (
     INTERNAL_ERROR_MESSAGE,
     ErrorAnswer,
     check_bearer_token,
     domain_error_answer,
     error_answer,
 )
-from mmserver.http_requests import (
+from mmserver.http.requests import (
     CUSTOM_ATTRIBUTES_HEADER,
     TARGET_MODEL_HEADER,
     check_json_object_size,
@@ -158,13 +159,13 @@ class Ingress:
         except BaseException:
             await asyncio.shield(self._release(name, registration.token))
             raise
-        return JSONResponse(http_answers.loaded(registration))
+        return JSONResponse(answers.loaded(registration))
 
     async def list(self, request: Request) -> Response:
         query = request.query_params
         page, token = await self._registry(self.registrations.page.remote(
             page_limit(query.get("limit")), query.get("next_page_token")))
-        return JSONResponse(http_answers.listed(page, token))
+        return JSONResponse(answers.listed(page, token))
 
     async def describe(self, request: Request, name: str) -> Response:
         registration = await self._registry(self.registrations.get.remote(name))
@@ -173,7 +174,7 @@ class Ingress:
         status = registration.state
         if status == READY and not holders:
             status = NOT_LOADED
-        return JSONResponse(http_answers.described_on_cluster(
+        return JSONResponse(answers.described_on_cluster(
             registration, status, [(held.replica, held.info) for held in holders]))
 
     async def unload(self, request: Request, name: str) -> Response:
@@ -182,7 +183,7 @@ class Ingress:
             await self._broadcast("drop", name)
         finally:
             await asyncio.shield(self._release(name, registration.token))
-        return JSONResponse(http_answers.unloaded(name))
+        return JSONResponse(answers.unloaded(name))
 
     # -- invocation ----------------------------------------------------------------
 
@@ -194,7 +195,7 @@ class Ingress:
                                   request)
 
     async def ping(self, request: Request) -> Response:
-        return JSONResponse(http_answers.healthy())
+        return JSONResponse(answers.healthy())
 
     async def _invoke(self, name: str, request: Request) -> Response:
         limit = self.settings.max_payload_bytes
@@ -249,15 +250,15 @@ class Ingress:
             raise errors.ReplicaUnavailable(
                 f"not every replica answered {method} of model {name!r} within {timeout:g} s; "
                 "retry") from None
-        answers = []
+        replies = []
         for result in results:
             try:
                 if isinstance(result, BaseException):
                     raise result
-                answers.append(unwrapped(result))
+                replies.append(unwrapped(result))
             except Exception as error:  # noqa: BLE001 - one replica's failure is not the answer
                 log.warning("model=%s: a replica failed %s: %s", name, method, error)
-        return answers
+        return replies
 
 
 async def _call(response: DeploymentResponse, timeout_seconds: float,

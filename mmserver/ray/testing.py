@@ -12,7 +12,7 @@ dashboard is off, Ray's usage report is off.
         answer.replica, answer.loaded, answer.rows
         cluster.remove_worker()
 
-Like ``mmserver.testing``, it needs only what the ``ray`` extra installs, and
+Like ``mmserver.harness.testing``, it needs only what the ``ray`` extra installs, and
 every wait has a limit.
 """
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import mmserver
 from mmserver.ray.replicas import LOADED_HEADER, REPLICA_HEADER
-from mmserver.testing import RunningServer, free_port
+from mmserver.harness.testing import RunningServer, free_port
 
 #: Set for the cluster's processes: no usage report, and the nodes' address is 127.0.0.1.
 #: Ray reads them when it is first imported, so they must be set before that.

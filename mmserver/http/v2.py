@@ -1,7 +1,7 @@
 """The Open Inference Protocol (KServe v2) over HTTP, beside SageMaker's routes on the same port.
 
 Routes, with Triton's binary tensor data, model repository, model configuration and
-statistics extensions (the last two read off the model by :mod:`mmserver.triton_extensions`)::
+statistics extensions (the last two read off the model by :mod:`mmserver.http.triton`)::
 
     GET  /v2/health/live                          200 while the server runs
     GET  /v2/health/ready                         200 while it serves
@@ -33,13 +33,12 @@ applies. The answer carries binary outputs the same way.
 
 The keys of the answers are spelled here and nowhere else; tensors are
 (de)serialised by :mod:`mmserver.v2_tensors` and checked against the model's
-:mod:`~mmserver.signatures`. Errors answer ``{"error": "..."}`` (``http_errors``).
+:mod:`~mmserver.signatures`. Errors answer ``{"error": "..."}`` (``http.errors``).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,15 +46,23 @@ import numpy as np
 import torch
 from aiohttp import hdrs, web
 
-from mmserver import errors, triton_extensions, v2_tensors
+from mmserver import errors, v2_tensors
 from mmserver.batching.rows import leaves, rows_of
-from mmserver.handlers import EXPORTED, SCRIPT, TORCHSCRIPT
-from mmserver.http_errors import INVOCATION, V2
-from mmserver.http_routes import PIPELINE, REGISTRY, Route, read_body, read_json_object
+from mmserver.handler.folder import EXPORTED, SCRIPT, TORCHSCRIPT
+from mmserver.handler.toolkit import RequestContext
+from mmserver.http import triton
+from mmserver.http.errors import V2
+from mmserver.http.routes import (
+    PIPELINE,
+    REGISTRY,
+    Route,
+    model_in_path,
+    read_body,
+    read_json_object,
+)
 from mmserver.loaded_model import NOT_LOADED, LoadedModel, ModelInfo, ModelStatus
 from mmserver.pipeline import ENCODE_IN_THREAD_VALUES, Answer, Invocation, Wire
 from mmserver.signatures import Signature, TensorSpec
-from mmserver.toolkit import RequestContext
 
 PREFIX = "/v2"
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -128,7 +135,7 @@ async def model_ready(request: web.Request) -> web.Response:
 async def model_config(request: web.Request) -> web.Response:
     model = _model(request)
     return web.json_response(
-        triton_extensions.model_config(model, PLATFORMS[model.handler.kind]))
+        triton.model_config(model, PLATFORMS[model.handler.kind]))
 
 
 async def model_statistics(request: web.Request) -> web.Response:
@@ -136,7 +143,7 @@ async def model_statistics(request: web.Request) -> web.Response:
     models = [_model(request)] if "name" in request.match_info else [
         model for model in request.app[REGISTRY].ready() if model.status == ModelStatus.READY]
     return web.json_response({"model_stats": [
-        triton_extensions.model_stats(model, VERSION) for model in models]})
+        triton.model_stats(model, VERSION) for model in models]})
 
 
 def _model(request: web.Request) -> LoadedModel:
@@ -160,10 +167,7 @@ def _spec(spec: TensorSpec) -> dict[str, object]:
 
 
 async def infer(request: web.Request) -> web.Response:
-    """``POST /v2/models/{name}[/versions/1]/infer``: errors are ``http_errors``'s to answer."""
-    started = time.perf_counter()
-    name = request.match_info["name"]
-    request[INVOCATION] = (name, started)
+    """``POST /v2/models/{name}[/versions/1]/infer``: errors are ``http.errors``'s to answer."""
     model = _model(request)
     wire = V2Wire(model, _header_length(request), request.headers.get(hdrs.CONTENT_TYPE))
     answer = await request.app[PIPELINE].run(model, Invocation(
@@ -350,7 +354,8 @@ def is_v2_path(path: str) -> bool:
     return path == PREFIX or path.startswith(PREFIX + "/")
 
 
-ROUTES = tuple(Route(method, PREFIX + path, handler, management=management, protocol=V2)
+ROUTES = tuple(Route(method, PREFIX + path, handler, management=management, protocol=V2,
+                     invokes=model_in_path if handler is infer else None)
                for method, path, handler, management in (
     ("GET", "/health/live", live, False),
     ("GET", "/health/ready", ready, False),

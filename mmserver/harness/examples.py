@@ -59,7 +59,7 @@ METADATA_FILE = "metadata.json"
 BATCHING_FILE = "mmserver.json"
 # Where the digits handlers live in this package, and where SageMaker's
 # PyTorch convention expects them inside the model directory.
-DIGITS_CODE_PACKAGE = "mmserver.example_code"
+DIGITS_CODE_PACKAGE = "mmserver.harness.example_code"
 DIGITS_CODE_SOURCE = "digits_inference.py"
 DIGITS_CODE_TARGET = "code/inference.py"
 

@@ -13,7 +13,7 @@ neither the server's environment nor what another model imports:
 * Models whose files hold the same bytes share one folder, installed once (a load that
   arrives during the install waits for it). The folder is removed when the last model
   using it is unloaded, and the cache when the server stops.
-* :mod:`mmserver.user_code` makes the folder's top-level modules that model's own; it is
+* :mod:`mmserver.handler.user_code` makes the folder's top-level modules that model's own; it is
   never put on ``sys.path``.
 
 Loading a model therefore runs pip, and pip runs code from the index (a source

@@ -11,13 +11,13 @@ Routes (docs/design.md section 4)::
     GET    /ping                    health
     GET    /metrics                 Prometheus text format
 
-and, on the same port, the Open Inference Protocol's ``/v2`` routes (``http_v2``),
+and, on the same port, the Open Inference Protocol's ``/v2`` routes (``http.v2``),
 which serve the same models through the same queues.
 
 The HTTP layer is this module (SageMaker's routes and their handlers, the
-application), ``http_v2`` (the v2 routes), ``http_routes`` (what both share),
-``http_errors`` (every exception to a status code and an error body, in the
-shape of the route's protocol) and ``http_answers`` (the camelCase answers).
+application), ``http.v2`` (the v2 routes), ``http.routes`` (what both share),
+``http.errors`` (every exception to a status code and an error body, in the
+shape of the route's protocol) and ``http.answers`` (the camelCase answers).
 Each route declares whether it needs the management token. Where SageMaker's
 contract is silent we follow AWS's multi-model-server.
 """
@@ -25,15 +25,14 @@ contract is silent we follow AWS's multi-model-server.
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 from aiohttp import hdrs, web
 
-from mmserver import http_answers, http_v2
 from mmserver.config import Settings
-from mmserver.http_errors import INVOCATION, SAGEMAKER, V2, answer_errors, requires_token
-from mmserver.http_requests import (
+from mmserver.http import answers, v2
+from mmserver.http.errors import SAGEMAKER, V2, answer_errors, counted_invocation, requires_token
+from mmserver.http.requests import (
     CUSTOM_ATTRIBUTES_HEADER,
     SINGLE_MODEL_NAME,
     TARGET_MODEL_HEADER,
@@ -41,12 +40,13 @@ from mmserver.http_requests import (
     load_request,
     page_limit,
 )
-from mmserver.http_routes import (
+from mmserver.http.routes import (
     METRICS,
     PIPELINE,
     REGISTRY,
     SETTINGS,
     Route,
+    model_in_path,
     read_body,
     read_json_object,
 )
@@ -71,25 +71,25 @@ LINGERING_SECONDS = 2.0
 async def load_model(request: web.Request) -> web.Response:
     name, url = load_request(await read_json_object(request))
     model = await request.app[REGISTRY].load(name, url)
-    return web.json_response(http_answers.loaded(model))
+    return web.json_response(answers.loaded(model))
 
 
 async def list_models(request: web.Request) -> web.Response:
     query = request.query
     page, token = request.app[REGISTRY].page(page_limit(query.get("limit")),
                                              query.get("next_page_token"))
-    return web.json_response(http_answers.listed(page, token))
+    return web.json_response(answers.listed(page, token))
 
 
 async def describe_model(request: web.Request) -> web.Response:
     info = request.app[REGISTRY].info(request.match_info["name"])
-    return web.json_response(http_answers.described(info))
+    return web.json_response(answers.described(info))
 
 
 async def unload_model(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     await request.app[REGISTRY].unload(name)
-    return web.json_response(http_answers.unloaded(name))
+    return web.json_response(answers.unloaded(name))
 
 
 # -- invocation -----------------------------------------------------------------
@@ -97,17 +97,17 @@ async def unload_model(request: web.Request) -> web.Response:
 async def invoke(request: web.Request) -> web.Response:
     """``POST /models/{name}/invoke`` and ``POST /invocations``: one handler, no extra await.
 
-    Errors are answered (and the request counted) by ``http_errors.answer_errors``.
+    Errors are answered (and the request counted) by ``http.errors.answer_errors``.
     """
-    started = time.perf_counter()
-    name = request.match_info.get("name")
-    if name is None:
-        name = invocations_target(request.headers.get(TARGET_MODEL_HEADER))
-    request[INVOCATION] = (name, started)
+    name = request.match_info.get("name") or _invocations_target(request)
     app = request.app
     model = app[REGISTRY].get(name)
     answer = await app[PIPELINE].run(model, _invocation(request, app[SETTINGS], model))
     return web.Response(body=answer.body, content_type=answer.content_type)
+
+
+def _invocations_target(request: web.Request) -> str:
+    return invocations_target(request.headers.get(TARGET_MODEL_HEADER))
 
 
 def _invocation(request: web.Request, settings: Settings, model: LoadedModel) -> Invocation:
@@ -124,7 +124,7 @@ def _invocation(request: web.Request, settings: Settings, model: LoadedModel) ->
 # -- health and metrics -----------------------------------------------------------
 
 async def ping(request: web.Request) -> web.Response:
-    return web.json_response(http_answers.healthy())
+    return web.json_response(answers.healthy())
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -144,12 +144,12 @@ ROUTES = (
     Route("GET", "/models", list_models),
     Route("GET", "/models/{name}", describe_model),
     Route("DELETE", "/models/{name}", unload_model, management=True),
-    Route("POST", "/models/{name}/invoke", invoke),
-    Route("POST", "/invocations", invoke),
+    Route("POST", "/models/{name}/invoke", invoke, invokes=model_in_path),
+    Route("POST", "/invocations", invoke, invokes=_invocations_target),
     Route("GET", "/ping", ping),
     Route("GET", "/metrics", metrics),
     Route("GET", "/openapi.json", openapi),
-    *http_v2.ROUTES,
+    *v2.ROUTES,
 )
 
 
@@ -169,6 +169,8 @@ def create_app(settings: Settings | None = None) -> web.Application:
                                   on_unloaded=metrics_.model_unloaded)
     for route in ROUTES:
         handler = route.handler
+        if route.invokes is not None:
+            handler = counted_invocation(handler, route.invokes)
         if route.management and settings.management_token:
             handler = requires_token(handler, settings.management_token)
         if route.method == "GET":  # HEAD too, as aiohttp's add_get does
@@ -188,7 +190,7 @@ def _protocol_of(protocols: dict[object, str]):
         protocol = protocols.get(request.match_info.route.resource)
         if protocol is not None:
             return protocol
-        return V2 if http_v2.is_v2_path(request.path) else SAGEMAKER
+        return V2 if v2.is_v2_path(request.path) else SAGEMAKER
     return protocol_of
 
 

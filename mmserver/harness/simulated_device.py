@@ -102,12 +102,12 @@ PCIE3_X16_BYTES_PER_SECOND = 8e9 * 128 / 130 * 16 / 8
 SETTINGS_FILE = "simulated_device.json"
 
 INFERENCE_SOURCE = '''\
-"""A simulated GPU, not a real one: mmserver.simulated_device with the parameters in
+"""A simulated GPU, not a real one: mmserver.harness.simulated_device with the parameters in
 simulated_device.json. The default input_fn and output_fn: JSON or .npy rows in, JSON out."""
 
 from pathlib import Path
 
-from mmserver.simulated_device import SETTINGS_FILE, SimulatedDevice
+from mmserver.harness.simulated_device import SETTINGS_FILE, SimulatedDevice
 
 MMSERVER_ROW_WISE = True
 

@@ -4,10 +4,10 @@ A model directory holds weights and, optionally, ``code/inference.py`` (the
 name follows ``SAGEMAKER_PROGRAM``), written for SageMaker's PyTorch inference
 toolkit. The script runs unchanged because it is called the way the toolkit
 calls it (docs/design.md section 6 has the side-by-side table; how each
-function is called lives in :mod:`mmserver.toolkit`, how ``code/`` is imported
-so that it stays the model's own in :mod:`mmserver.user_code`, and
+function is called lives in :mod:`mmserver.handler.toolkit`, how ``code/`` is imported
+so that it stays the model's own in :mod:`mmserver.handler.user_code`, and
 ``code/requirements.txt``, installed before the handler is built, in
-:mod:`mmserver.requirements`):
+:mod:`mmserver.handler.requirements`):
 
 ``pre_model_fn(model_dir)``, ``model_fn(model_dir)``, ``model_warmup_fn(model_dir, model)``
     Once, at load, in this order. Without ``model_fn``: ``model.pt`` (TorchScript),
@@ -49,7 +49,7 @@ output row per input row. Every other script gets one ``predict_fn`` call per
 request with ``input_fn``'s object as it is, and ``output_fn`` gets the whole
 prediction back. ``transform_fn`` is never row-wise.
 
-**Tensors that arrive already decoded** (the v2 protocol, ``http_v2``) skip
+**Tensors that arrive already decoded** (the v2 protocol, ``http.v2``) skip
 ``input_fn`` and ``output_fn``: the protocol decodes and encodes them. They
 reach :meth:`ModelHandler.from_tensors`, which hands a row-wise model the tensor
 (or dict of tensors) as its rows and any other script's ``predict_fn`` the same
@@ -64,27 +64,31 @@ else what a ``model.pt2`` says of itself (:mod:`mmserver.signatures`).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import warnings
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mmserver import codecs, signatures, user_code
+from mmserver import signatures
 from mmserver.batching import is_out_of_memory
-from mmserver.batching.rows import moved, rows_of
+from mmserver.batching.rows import moved
 from mmserver.errors import (
     InsufficientResources,
-    InvalidInput,
     InvalidModelArtifact,
     MMServerError,
-    ModelError,
-    NotAcceptable,
-    UnsupportedContentType,
     summarize_error,
+)
+from mmserver.handler import calls, user_code
+from mmserver.handler.calls import OneRequest
+from mmserver.handler.toolkit import (
+    HANDLER_PARAMETERS,
+    LoadContext,
+    RequestContext,
+    UserFunction,
+    describe_error,
+    response_from,
 )
 from mmserver.model_settings import (
     ROW_WISE_ATTRIBUTE,
@@ -93,15 +97,6 @@ from mmserver.model_settings import (
     THREAD_SAFE_ATTRIBUTE,
     THREAD_SAFE_KEY,
     ModelSettings,
-)
-from mmserver.toolkit import (
-    HANDLER_PARAMETERS,
-    LoadContext,
-    RequestContext,
-    UserFunction,
-    body_for_user_code,
-    describe_error,
-    response_from,
 )
 
 log = logging.getLogger(__name__)
@@ -122,14 +117,6 @@ class ModelFile:
     kind: str
     inputs: tuple[signatures.TensorSpec, ...] | None = None
     outputs: tuple[signatures.TensorSpec, ...] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class OneRequest:
-    """A request that is not batched with others: its input (or body) and its context."""
-
-    data: Any
-    context: RequestContext
 
 
 class ModelHandler:
@@ -210,7 +197,7 @@ class ModelHandler:
         model, device = self.model, self.device
         transform_fn = functions.get("transform_fn")
         if transform_fn is not None:
-            self.decode = _transform_body
+            self.decode = calls.transform_body
             self.predict = lambda one: transform_fn(
                 model=model, request_body=one.data, content_type=one.context.content_type,
                 accept=one.context.accept, context=one.context)
@@ -218,11 +205,11 @@ class ModelHandler:
                                                                 "transform_fn")
             return
         input_fn = functions.get("input_fn")
-        read = _checked_default_input(self.signature) if input_fn is None \
-            else _user_input(input_fn)
-        self.decode = _row_wise_input(read) if self.row_wise else _one_request_input(read)
+        read = calls.checked_default_input(self.signature) if input_fn is None \
+            else calls.user_input(input_fn)
+        self.decode = calls.row_wise_input(read) if self.row_wise else calls.one_request_input(read)
         predict_fn = functions.get("predict_fn")
-        call = _default_call(model)
+        call = calls.default_call(model)
         if self.row_wise:
             self.predict = call if predict_fn is None else (
                 lambda batch: predict_fn(data=batch, model=model, context=load_context))
@@ -231,7 +218,7 @@ class ModelHandler:
                 else (lambda one: predict_fn(data=moved(one.data, device), model=model,
                                              context=one.context))
         output_fn = functions.get("output_fn")
-        self.encode = _default_output if output_fn is None else _user_output(output_fn)
+        self.encode = calls.default_output if output_fn is None else calls.user_output(output_fn)
 
     def from_tensors(self, data: Any, context: RequestContext) -> Any:
         """The runner's input for a request whose tensors the protocol already decoded."""
@@ -242,104 +229,6 @@ class ModelHandler:
         self.model = self.predict = None
         if self._code is not None:
             self._code.close()
-
-
-# -- what each request calls, chosen once by ModelHandler._resolve ----------------------
-
-
-def _transform_body(body: bytes, context: RequestContext) -> OneRequest:
-    return OneRequest(body_for_user_code(body, context.content_type), context)
-
-
-def _checked_default_input(signature: signatures.Signature):
-    def read(body: bytes, context: RequestContext) -> Any:
-        data = codecs.decode(body, context.content_type)
-        signature.check_rows(data)
-        return data
-    return read
-
-
-def _user_input(input_fn: UserFunction):
-    def read(body: bytes, context: RequestContext) -> Any:
-        payload = body_for_user_code(body, context.content_type)
-        return input_fn.call_or_raise(_input_error, request_body=payload,
-                                      request_content_type=context.content_type, context=context)
-    return read
-
-
-def _input_error(error: BaseException) -> MMServerError:
-    if isinstance(error, ValueError) and str(error).lower().startswith("unsupported content type"):
-        return UnsupportedContentType(str(error))
-    return InvalidInput(f"input_fn rejected the body: {describe_error(error)}")
-
-
-def _row_wise_input(read):
-    def decode(body: bytes, context: RequestContext) -> Any:
-        data = read(body, context)
-        try:
-            rows_of(data)
-        except (TypeError, ValueError) as error:
-            raise ModelError(
-                f"input_fn returned {type(data).__name__}, but a row-wise model needs a tensor "
-                f"(or a dict, tuple or list of tensors) whose dimension 0 counts rows: {error}"
-            ) from error
-        return data
-    return decode
-
-
-def _one_request_input(read):
-    def decode(body: bytes, context: RequestContext) -> OneRequest:
-        return OneRequest(read(body, context), context)
-    return decode
-
-
-def _default_call(model: Any) -> Callable[[Any], Any]:
-    """The default predict_fn's call: ``model(batch)``, or ``model(*batch.values())`` when
-    ``forward`` takes several tensors and the batch is a dict of them (in the model's order)."""
-    if _positional_parameters(model) < 2:
-        return model
-
-    def call(batch: Any) -> Any:
-        return model(*batch.values()) if isinstance(batch, Mapping) else model(batch)
-    return call
-
-
-def _positional_parameters(model: Any) -> int:
-    """How many tensors ``model`` takes by position (2 for ``*args``; 1 when unknown)."""
-    schema = getattr(getattr(model, "forward", None), "schema", None)
-    if schema is not None:  # TorchScript: the first argument is self
-        return len(schema.arguments) - 1
-    try:
-        parameters = inspect.signature(getattr(model, "forward", model)).parameters.values()
-    except (TypeError, ValueError):
-        return 1
-    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
-        return 2
-    return sum(1 for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
-
-
-def _default_output(rows: Any, context: RequestContext) -> tuple[bytes, str]:
-    try:
-        return codecs.encode(rows, context.accept)
-    except MMServerError:
-        raise
-    except Exception as error:
-        raise ModelError(f"the default output_fn cannot encode the prediction "
-                         f"({type(rows).__name__}): {describe_error(error)}") from error
-
-
-def _user_output(output_fn: UserFunction):
-    def encode(rows: Any, context: RequestContext) -> tuple[bytes, str]:
-        result = output_fn.call_or_raise(_output_error, prediction=rows, accept=context.accept,
-                                         context=context)
-        return response_from(result, context.accept, "output_fn")
-    return encode
-
-
-def _output_error(error: BaseException) -> MMServerError:
-    if isinstance(error, ValueError) and str(error).lower().startswith("unsupported accept type"):
-        return NotAcceptable(str(error))
-    return ModelError(f"output_fn raised {describe_error(error)}")
 
 
 # -- load ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Source files that ``mmserver.examples`` copies into example model directories.
+"""Source files that ``mmserver.harness.examples`` copies into example model directories.
 
 Each file here is user code in the SageMaker PyTorch convention (it becomes a
 model's ``code/inference.py``), kept as a real module so it can be read, linted

@@ -1,7 +1,7 @@
 """Errors as HTTP answers, in one place: the status of each error class, the body, the middleware.
 
 Two protocols share the port, and each route says which it speaks
-(``http_routes.Route.protocol``):
+(``http.routes.Route.protocol``):
 
 * SageMaker's routes answer ``{"code": N, "type": "...", "message": "..."}``
   (the MMS/TorchServe shape) with the status of :data:`STATUS_BY_ERROR`;
@@ -198,6 +198,17 @@ def _log_failed_invocation(name: str, status: int, error: BaseException) -> None
         log.debug("model=%s cause of the %d", name, status, exc_info=error)
     else:
         log.debug("model=%s invoke answered %d: %s", name, status, error)
+
+
+def counted_invocation(handler: Handler, model_name: Callable[[web.Request], str]) -> Handler:
+    """``handler``, each request recorded under :data:`INVOCATION` first (the model it names
+    and when it arrived), so :func:`answer_errors` counts it with the status it gets."""
+
+    async def counted(request: web.Request) -> web.StreamResponse:
+        request[INVOCATION] = (model_name(request), time.perf_counter())
+        return await handler(request)
+
+    return counted
 
 
 def requires_token(handler: Handler, token: str) -> Handler:

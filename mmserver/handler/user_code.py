@@ -17,7 +17,7 @@ Bytecode is never written into the model's folder (it may be read-only, and it
 is not ours).
 
 The packages of the model's ``code/requirements.txt`` (installed by
-:mod:`mmserver.requirements` into a folder of their own) are imported the same way:
+:mod:`mmserver.handler.requirements` into a folder of their own) are imported the same way:
 that folder comes second in the package's ``__path__``, and its top-level names
 join the folder's, so ``import transformers`` in the script, and every import
 among the installed packages, finds this model's copy. What this does not cover:
@@ -57,7 +57,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from mmserver.requirements import installed_module_names
+from mmserver.handler.requirements import installed_module_names
 
 ROOT_PACKAGE = "mmserver_models"
 

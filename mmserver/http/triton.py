@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmserver.handlers import EXPORTED, SCRIPT, TORCHSCRIPT
+from mmserver.handler.folder import EXPORTED, SCRIPT, TORCHSCRIPT
 from mmserver.loaded_model import LoadedModel
 from mmserver.signatures import TensorSpec
 
