@@ -374,6 +374,27 @@ def test_target_model_header_routes_invocations(server, affine):
                               headers={"X-Amzn-SageMaker-Target-Model": "missing"}), 404)
 
 
+def test_every_route_that_invokes_a_model_is_counted_with_its_status(server, affine):
+    def count(status: str) -> float:
+        return server.metric("mmserver_requests_total", model=affine, status=status)
+
+    before = {status: count(status) for status in ("200", "400")}
+    target = {"X-Amzn-SageMaker-Target-Model": affine}
+    v2_body = json.dumps({"inputs": [{"name": "INPUT__0", "datatype": "FP32", "shape": [1, 1],
+                                      "data": [1.0]}]})
+    answers = [
+        server.json("POST", f"/models/{affine}/invoke", [[1]])[0],
+        server.json("POST", "/invocations", [[1]], headers=target)[0],
+        server.request("POST", f"/v2/models/{affine}/infer", v2_body)[0],
+        server.request("POST", f"/v2/models/{affine}/versions/1/infer", v2_body)[0],
+        server.request("POST", f"/models/{affine}/invoke", b"[[1, ",
+                       {"Content-Type": "application/json"})[0],
+        server.request("POST", f"/v2/models/{affine}/infer", b"{")[0],
+    ]
+    assert answers == [200, 200, 200, 200, 400, 400]
+    assert (count("200") - before["200"], count("400") - before["400"]) == (4, 2)
+
+
 # -- listing ------------------------------------------------------------------------------
 
 
