@@ -65,7 +65,7 @@ def test_openapi_lists_exactly_the_routes_the_app_serves():
     the other is a contract that lies (schemathesis fuzzes only what the document lists)."""
     from importlib.resources import files
 
-    from mmserver.http.app import ROUTES
+    from mmserver.http.table import ROUTES
 
     document = json.loads(files("mmserver.http").joinpath("openapi.json").read_text())
     documented = {(method.upper(), path) for path, item in document["paths"].items()

@@ -10,6 +10,7 @@ that ``mmserver/ray/multiplex.py`` reads are there in the pinned release.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,12 @@ from ray.serve._private.build_app import build_app  # noqa: E402
 from ray.serve.multiplex import _ModelMultiplexWrapper  # noqa: E402
 from ray.serve.schema import ServeDeploySchema  # noqa: E402
 
+from starlette.requests import Request  # noqa: E402
+
 from mmserver import errors  # noqa: E402
+from mmserver.config import Settings  # noqa: E402
+from mmserver.http.table import ROUTES, V2  # noqa: E402
+from mmserver.ray.ingress import SERVED, Ingress  # noqa: E402
 from mmserver.batching import KNOBS  # noqa: E402
 from mmserver.ray.multiplex import RAY_INTERNALS  # noqa: E402
 from mmserver.ray.registrations import READY, UNLOADING, Registrations  # noqa: E402
@@ -163,3 +169,45 @@ def test_the_multiplexer_internals_mmserver_uses_exist_in_this_ray():
     source = inspect.getsource(_ModelMultiplexWrapper)
     for name in RAY_INTERNALS:
         assert f"self.{name}" in source or f"def {name}(" in source, name
+
+
+def _ingress_answer(ingress: Ingress, method: str, path: str, headers: dict[str, str]):
+    """(status, JSON body, headers) of the ingress's answer, without a cluster."""
+    scope = {"type": "http", "method": method, "path": path, "root_path": "", "query_string": b"",
+             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    response = asyncio.run(ingress(Request(scope, receive)))
+    return response.status_code, json.loads(response.body), response.headers
+
+
+def test_every_route_of_the_table_answers_on_the_ray_ingress_never_404():
+    """Routes the cluster serves are exercised in test_ray_cluster.py; here every other route
+    of the one table answers 501 in its protocol's shape, behind the token when it manages."""
+    ingress = Ingress(Settings(management_token="secret"), hosts=None, registrations=None)
+    served = set()
+    for route in ROUTES:
+        path = route.path.replace("{name}", "m").replace("{version}", "1")
+        if route.operation in SERVED:
+            served.add(route.operation)
+            continue
+        if route.management:
+            status, body, _ = _ingress_answer(ingress, route.method, path, {})
+            assert status == 401, (route, body)
+        status, body, _ = _ingress_answer(ingress, route.method, path,
+                                          {"Authorization": "Bearer secret"})
+        assert status == 501, (route, body)
+        message = body["error"] if route.protocol == V2 else body["message"]
+        assert message.startswith(f"{route.method} {route.path} is not served on a Ray cluster")
+        assert route.protocol == V2 or (body["code"], body["type"]) == (
+            501, "NotServedByThisHost")
+    assert served == set(SERVED)  # every operation the ingress serves has a route
+    assert _ingress_answer(ingress, "GET", "/ping", {})[:2] == (200, {"status": "Healthy"})
+    assert _ingress_answer(ingress, "DELETE", "/models/m", {})[0] == 401
+    status, body, _ = _ingress_answer(ingress, "GET", "/nowhere", {})
+    assert (status, body["type"]) == (404, "NotFound")
+    status, body, headers = _ingress_answer(ingress, "PUT", "/models", {})
+    assert (status, headers["allow"]) == (405, "GET,HEAD,POST")  # as aiohttp answers
+    assert _ingress_answer(ingress, "GET", "/v2/nowhere", {})[1] == {"error": "Not Found"}

@@ -158,7 +158,7 @@ def test_refusals_answer_as_mmserver_serve_does(client, loaded):
     assert_error(client.json("GET", "/models?next_page_token=forged"), 400, "InvalidRequest")
     assert_error(client.json("GET", "/no/such/route"), 404, "NotFound")
     status, headers, _ = client.request("PUT", "/models")
-    assert status == 405 and {k.lower(): v for k, v in headers.items()}["allow"] == "GET, POST"
+    assert status == 405 and {k.lower(): v for k, v in headers.items()}["allow"] == "GET,HEAD,POST"
     # None of it was registered, and the model still answers.
     assert client.json("GET", "/models") == (200, {"models": [{"modelName": "m1",
                                                                "modelUrl": "m1"}]})

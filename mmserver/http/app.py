@@ -14,12 +14,12 @@ Routes (docs/design.md section 4)::
 and, on the same port, the Open Inference Protocol's ``/v2`` routes (``http.v2``),
 which serve the same models through the same queues.
 
-The HTTP layer is this module (SageMaker's routes and their handlers, the
-application), ``http.v2`` (the v2 routes), ``http.routes`` (what both share),
-``http.errors`` (every exception to a status code and an error body, in the
-shape of the route's protocol) and ``http.answers`` (the camelCase answers).
-Each route declares whether it needs the management token. Where SageMaker's
-contract is silent we follow AWS's multi-model-server.
+The routes, each with its operation, management flag and protocol, are the one
+table of ``http.table``; this module holds SageMaker's handlers and builds the
+application from that table, ``http.v2`` the v2 handlers, ``http.routes`` what the
+handlers share, ``http.errors`` every exception to a status code and an error body
+(in the shape of the route's protocol) and ``http.answers`` the camelCase answers.
+Where SageMaker's contract is silent we follow AWS's multi-model-server.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from aiohttp import hdrs, web
 
 from mmserver.config import Settings
 from mmserver.http import answers, v2
-from mmserver.http.errors import SAGEMAKER, V2, answer_errors, counted_invocation, requires_token
+from mmserver.http.errors import answer_errors, counted_invocation, requires_token
 from mmserver.http.requests import (
     CUSTOM_ATTRIBUTES_HEADER,
     SINGLE_MODEL_NAME,
@@ -45,10 +45,16 @@ from mmserver.http.routes import (
     PIPELINE,
     REGISTRY,
     SETTINGS,
-    Route,
-    model_in_path,
     read_body,
     read_json_object,
+)
+from mmserver.http.table import (
+    NAME_IN_PATH,
+    NAME_IN_TARGET_HEADER,
+    ROUTES,
+    SAGEMAKER,
+    V2,
+    is_v2_path,
 )
 from mmserver.loaded_model import LoadedModel
 from mmserver.metrics import CONTENT_TYPE_LATEST, Metrics
@@ -139,18 +145,13 @@ async def metrics(request: web.Request) -> web.Response:
 
 # -- the application ----------------------------------------------------------------
 
-ROUTES = (
-    Route("POST", "/models", load_model, management=True),
-    Route("GET", "/models", list_models),
-    Route("GET", "/models/{name}", describe_model),
-    Route("DELETE", "/models/{name}", unload_model, management=True),
-    Route("POST", "/models/{name}/invoke", invoke, invokes=model_in_path),
-    Route("POST", "/invocations", invoke, invokes=_invocations_target),
-    Route("GET", "/ping", ping),
-    Route("GET", "/metrics", metrics),
-    Route("GET", "/openapi.json", openapi),
-    *v2.ROUTES,
-)
+#: The handler of each operation of ``http.table.ROUTES``: every one is served here.
+HANDLERS = {handler.__name__: handler for handler in (
+    load_model, list_models, describe_model, unload_model, invoke, ping, metrics, openapi)}
+HANDLERS.update(v2.HANDLERS)
+#: Where an invoking route's model name is, by the table's word for it.
+MODEL_NAME = {NAME_IN_PATH: lambda request: request.match_info["name"],
+              NAME_IN_TARGET_HEADER: _invocations_target}
 
 
 def create_app(settings: Settings | None = None) -> web.Application:
@@ -168,9 +169,9 @@ def create_app(settings: Settings | None = None) -> web.Application:
     app[REGISTRY] = ModelRegistry(settings, on_loaded=metrics_.model_loaded,
                                   on_unloaded=metrics_.model_unloaded)
     for route in ROUTES:
-        handler = route.handler
+        handler = HANDLERS[route.operation]
         if route.invokes is not None:
-            handler = counted_invocation(handler, route.invokes)
+            handler = counted_invocation(handler, MODEL_NAME[route.invokes])
         if route.management and settings.management_token:
             handler = requires_token(handler, settings.management_token)
         if route.method == "GET":  # HEAD too, as aiohttp's add_get does
@@ -190,7 +191,7 @@ def _protocol_of(protocols: dict[object, str]):
         protocol = protocols.get(request.match_info.route.resource)
         if protocol is not None:
             return protocol
-        return V2 if v2.is_v2_path(request.path) else SAGEMAKER
+        return V2 if is_v2_path(request.path) else SAGEMAKER
     return protocol_of
 
 

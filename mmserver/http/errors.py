@@ -1,7 +1,7 @@
 """Errors as HTTP answers, in one place: the status of each error class, the body, the middleware.
 
 Two protocols share the port, and each route says which it speaks
-(``http.routes.Route.protocol``):
+(``http.table.RouteSpec.protocol``):
 
 * SageMaker's routes answer ``{"code": N, "type": "...", "message": "..."}``
   (the MMS/TorchServe shape) with the status of :data:`STATUS_BY_ERROR`;
@@ -34,12 +34,9 @@ from http import HTTPStatus
 from aiohttp import hdrs, web
 
 from mmserver import errors
+from mmserver.http.table import SAGEMAKER, V2
 
 log = logging.getLogger(__name__)
-
-#: The protocols a route can speak.
-SAGEMAKER = "sagemaker"
-V2 = "v2"
 
 STATUS_BY_ERROR: dict[type[BaseException], int] = {
     errors.InvalidRequest: 400,
@@ -59,6 +56,7 @@ STATUS_BY_ERROR: dict[type[BaseException], int] = {
     errors.QueueFull: 503,
     errors.ModelUnhealthy: 503,
     errors.ReplicaUnavailable: 503,
+    errors.NotServedByThisHost: 501,
     errors.InvocationTimeout: 504,
     errors.LoadTimeout: 504,
     errors.InsufficientResources: 507,

@@ -51,20 +51,11 @@ from mmserver.batching.rows import leaves, rows_of
 from mmserver.handler.folder import EXPORTED, SCRIPT, TORCHSCRIPT
 from mmserver.handler.toolkit import RequestContext
 from mmserver.http import triton
-from mmserver.http.errors import V2
-from mmserver.http.routes import (
-    PIPELINE,
-    REGISTRY,
-    Route,
-    model_in_path,
-    read_body,
-    read_json_object,
-)
+from mmserver.http.routes import PIPELINE, REGISTRY, read_body, read_json_object
 from mmserver.loaded_model import NOT_LOADED, LoadedModel, ModelInfo, ModelStatus
 from mmserver.pipeline import ENCODE_IN_THREAD_VALUES, Answer, Invocation, Wire
 from mmserver.signatures import Signature, TensorSpec
 
-PREFIX = "/v2"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 SERVER_NAME = "mmserver"
 EXTENSIONS = ("binary_tensor_data", "model_repository", "model_configuration", "statistics")
@@ -349,30 +340,7 @@ def _parameters(body: dict) -> Mapping[str, object]:
     return parameters
 
 
-def is_v2_path(path: str) -> bool:
-    """Whether a path is in the protocol's tree (for errors of paths no route matched)."""
-    return path == PREFIX or path.startswith(PREFIX + "/")
-
-
-ROUTES = tuple(Route(method, PREFIX + path, handler, management=management, protocol=V2,
-                     invokes=model_in_path if handler is infer else None)
-               for method, path, handler, management in (
-    ("GET", "/health/live", live, False),
-    ("GET", "/health/ready", ready, False),
-    ("GET", "", server_metadata, False),
-    # Before /models/{name}, which would take "stats" for a model's name (Triton's path too).
-    ("GET", "/models/stats", model_statistics, False),
-    ("GET", "/models/{name}", model_metadata, False),
-    ("GET", "/models/{name}/versions/{version}", model_metadata, False),
-    ("GET", "/models/{name}/ready", model_ready, False),
-    ("GET", "/models/{name}/versions/{version}/ready", model_ready, False),
-    ("GET", "/models/{name}/config", model_config, False),
-    ("GET", "/models/{name}/versions/{version}/config", model_config, False),
-    ("GET", "/models/{name}/stats", model_statistics, False),
-    ("GET", "/models/{name}/versions/{version}/stats", model_statistics, False),
-    ("POST", "/models/{name}/infer", infer, False),
-    ("POST", "/models/{name}/versions/{version}/infer", infer, False),
-    ("POST", "/repository/index", repository_index, False),
-    ("POST", "/repository/models/{name}/load", repository_load, True),
-    ("POST", "/repository/models/{name}/unload", repository_unload, True),
-))
+#: The handlers of the v2 routes of ``http.table.ROUTES``, by operation name.
+HANDLERS = {handler.__name__: handler for handler in (
+    live, ready, server_metadata, model_statistics, model_metadata, model_ready, model_config,
+    infer, repository_index, repository_load, repository_unload)}

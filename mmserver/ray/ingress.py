@@ -21,17 +21,18 @@ domain error into its status, body and headers. What a cluster changes
 * ``DELETE /models/{name}`` unloads it on every replica (broadcast), each
   answering its accepted requests first, then frees the name.
 
-Not served on Ray yet: ``/metrics`` (each replica's runners keep their
-statistics, shown per replica in describe), the ``/v2`` routes and
-``/openapi.json``; they answer 404.
+The routes are ``http.table``'s, the same table ``mmserver serve`` answers, matched
+by Starlette's router and guarded by the management token as the table says. The
+operations a cluster does not serve yet (:data:`SERVED` lists those it does):
+``/metrics`` (each replica's runners keep their statistics, shown per replica in
+describe), the ``/v2`` routes and ``/openapi.json``. They answer 501 in their
+protocol's error shape, saying so, never a 404 that reads as a typo.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,8 @@ from ray.serve.exceptions import ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Match
+from starlette.routing import Route as StarletteRoute
 
 from mmserver import errors
 from mmserver.config import Settings
@@ -60,6 +63,7 @@ from mmserver.http.requests import (
     page_limit,
     parse_json_object,
 )
+from mmserver.http.table import NAME_IN_PATH, ROUTES, SAGEMAKER, V2, RouteSpec, is_v2_path
 from mmserver.loaded_model import NOT_LOADED
 from mmserver.model_roots import ModelRoots
 from mmserver.pipeline import check_payload_size, read_chunks_within, read_within
@@ -86,34 +90,21 @@ REPLICA_LOSS_RETRIES = 1
 REPLICA_LOST = (RayActorError, ReplicaUnavailableError)
 
 
-@dataclasses.dataclass(frozen=True)
-class Route:
-    method: str
-    #: The path as a regular expression; named groups are the handler's keyword arguments.
-    pattern: re.Pattern
-    handler: str
-    #: Needs the management token when one is set (``MMSERVER_MANAGEMENT_TOKEN``).
-    management: bool = False
+#: The operations of ``http.table.ROUTES`` a cluster serves: each is a method of :class:`Ingress`.
+SERVED = ("load_model", "list_models", "describe_model", "unload_model", "invoke", "ping")
 
 
-def _route(method: str, path: str, handler: str, management: bool = False) -> Route:
-    return Route(method, re.compile(path.replace("{name}", "(?P<name>[^/]+)") + r"\Z"), handler,
-                 management)
+def _unrouted(request: Request) -> Response:  # pragma: no cover - matching only
+    raise AssertionError("the ingress dispatches itself")
 
 
-ROUTES = (
-    _route("POST", "/models", "load", management=True),
-    _route("GET", "/models", "list"),
-    _route("GET", "/models/{name}", "describe"),
-    _route("DELETE", "/models/{name}", "unload", management=True),
-    _route("POST", "/models/{name}/invoke", "invoke"),
-    _route("POST", "/invocations", "invocations"),
-    _route("GET", "/ping", "ping"),
-)
+#: The table's routes as Starlette's, for their path matching (``{name}`` as aiohttp spells it).
+_MATCHERS = tuple((spec, StarletteRoute(spec.path, _unrouted, methods=[spec.method]))
+                  for spec in ROUTES)
 
 
 class Ingress:
-    """The ingress deployment's replica: one HTTP request at a time through :data:`ROUTES`."""
+    """The ingress deployment's replica: each HTTP request through ``http.table.ROUTES``."""
 
     def __init__(self, settings: Settings, hosts: DeploymentHandle,
                  registrations: DeploymentHandle):
@@ -123,25 +114,31 @@ class Ingress:
         self.roots = ModelRoots(settings.model_roots)
 
     async def __call__(self, request: Request) -> Response:
+        protocol = V2 if is_v2_path(request.url.path) else SAGEMAKER
         try:
-            route, params = _match(request.method, _path(request))
+            route, params = _match(request.scope, protocol)
+            protocol = route.protocol
             if route.management and self.settings.management_token:
                 check_bearer_token(request.headers.get("authorization"),
                                    self.settings.management_token)
-            return await getattr(self, route.handler)(request, **params)
+            if route.operation not in SERVED:
+                raise errors.NotServedByThisHost(
+                    f"{route.method} {route.path} is not served on a Ray cluster yet; "
+                    "mmserver serve answers it (see the README's Ray section)")
+            return await getattr(self, route.operation)(request, route, **params)
         except _NoRoute as no_route:
             return _json(no_route.answer)
         except errors.MMServerError as error:
-            return _json(domain_error_answer(error))
+            return _json(domain_error_answer(error, protocol))
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - the server must answer, not die
             log.exception("unexpected error on %s %s", request.method, request.url.path)
-            return _json(error_answer(500, INTERNAL_ERROR_MESSAGE))
+            return _json(error_answer(500, INTERNAL_ERROR_MESSAGE, protocol=protocol))
 
     # -- model management --------------------------------------------------------
 
-    async def load(self, request: Request) -> Response:
+    async def load_model(self, request: Request, route: RouteSpec) -> Response:
         check_json_object_size(_content_length(request))
         body = await read_within(request.body(), self.settings.body_timeout_seconds)
         name, url = load_request(parse_json_object(body))
@@ -161,13 +158,13 @@ class Ingress:
             raise
         return JSONResponse(answers.loaded(registration))
 
-    async def list(self, request: Request) -> Response:
+    async def list_models(self, request: Request, route: RouteSpec) -> Response:
         query = request.query_params
         page, token = await self._registry(self.registrations.page.remote(
             page_limit(query.get("limit")), query.get("next_page_token")))
         return JSONResponse(answers.listed(page, token))
 
-    async def describe(self, request: Request, name: str) -> Response:
+    async def describe_model(self, request: Request, route: RouteSpec, name: str) -> Response:
         registration = await self._registry(self.registrations.get.remote(name))
         holders: list[Held] = [held for held in await self._broadcast("holding", name)
                                if isinstance(held, Held)]
@@ -177,7 +174,7 @@ class Ingress:
         return JSONResponse(answers.described_on_cluster(
             registration, status, [(held.replica, held.info) for held in holders]))
 
-    async def unload(self, request: Request, name: str) -> Response:
+    async def unload_model(self, request: Request, route: RouteSpec, name: str) -> Response:
         registration = await self._registry(self.registrations.begin_unload.remote(name))
         try:
             await self._broadcast("drop", name)
@@ -187,14 +184,13 @@ class Ingress:
 
     # -- invocation ----------------------------------------------------------------
 
-    async def invoke(self, request: Request, name: str) -> Response:
+    async def invoke(self, request: Request, route: RouteSpec, name: str | None = None
+                     ) -> Response:
+        if route.invokes != NAME_IN_PATH:
+            name = invocations_target(request.headers.get(TARGET_MODEL_HEADER))
         return await self._invoke(name, request)
 
-    async def invocations(self, request: Request) -> Response:
-        return await self._invoke(invocations_target(request.headers.get(TARGET_MODEL_HEADER)),
-                                  request)
-
-    async def ping(self, request: Request) -> Response:
+    async def ping(self, request: Request, route: RouteSpec) -> Response:
         return JSONResponse(answers.healthy())
 
     async def _invoke(self, name: str, request: Request) -> Response:
@@ -277,19 +273,20 @@ async def _call(response: DeploymentResponse, timeout_seconds: float,
         ) from None
 
 
-def _match(method: str, path: str) -> tuple[Route, dict[str, str]]:
+def _match(scope: dict, protocol: str) -> tuple[RouteSpec, dict[str, str]]:
+    """The table's first route for the request, and its path parameters; 405 with ``Allow``
+    when only the method differs, else 404, as aiohttp answers."""
     allowed = []
-    for route in ROUTES:
-        matched = route.pattern.match(path)
-        if matched is None:
-            continue
-        if route.method == method:
-            return route, matched.groupdict()
-        allowed.append(route.method)
+    for spec, matcher in _MATCHERS:
+        matched, child = matcher.matches(scope)
+        if matched is Match.FULL:
+            return spec, child["path_params"]
+        if matched is Match.PARTIAL:
+            allowed.extend(matcher.methods)
     if allowed:
-        raise _NoRoute(error_answer(405, "Method Not Allowed",
-                                    headers={"Allow": ", ".join(sorted(set(allowed)))}))
-    raise _NoRoute(error_answer(404, "Not Found"))
+        raise _NoRoute(error_answer(405, "Method Not Allowed", protocol=protocol,
+                                    headers={"Allow": ",".join(sorted(set(allowed)))}))
+    raise _NoRoute(error_answer(404, "Not Found", protocol=protocol))
 
 
 class _NoRoute(Exception):
@@ -298,14 +295,6 @@ class _NoRoute(Exception):
     def __init__(self, answer: ErrorAnswer):
         super().__init__(answer.status)
         self.answer = answer
-
-
-def _path(request: Request) -> str:
-    """The path below the application's route prefix."""
-    path, root = request.scope["path"], request.scope.get("root_path", "")
-    if root and path.startswith(root):
-        return path[len(root):] or "/"
-    return path
 
 
 def _content_length(request: Request) -> int | None:
