@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from importlib.resources import files
 from pathlib import Path
 
 import pytest
@@ -180,7 +181,7 @@ def _ingress_answer(ingress: Ingress, method: str, path: str, headers: dict[str,
         return {"type": "http.request", "body": b"", "more_body": False}
 
     response = asyncio.run(ingress(Request(scope, receive)))
-    return response.status_code, json.loads(response.body), response.headers
+    return response.status_code, json.loads(response.body or b"null"), response.headers
 
 
 def test_every_route_of_the_table_answers_on_the_ray_ingress_never_404():
@@ -205,6 +206,11 @@ def test_every_route_of_the_table_answers_on_the_ray_ingress_never_404():
             501, "NotServedByThisHost")
     assert served == set(SERVED)  # every operation the ingress serves has a route
     assert _ingress_answer(ingress, "GET", "/ping", {})[:2] == (200, {"status": "Healthy"})
+    status, document, _ = _ingress_answer(ingress, "GET", "/openapi.json", {})
+    assert status == 200 and document["openapi"].startswith("3.")
+    assert document == json.loads(files("mmserver.http").joinpath("openapi.json").read_text())
+    for health in ("/v2/health/live", "/v2/health/ready"):
+        assert _ingress_answer(ingress, "GET", health, {})[:2] == (200, None)
     assert _ingress_answer(ingress, "DELETE", "/models/m", {})[0] == 401
     status, body, _ = _ingress_answer(ingress, "GET", "/nowhere", {})
     assert (status, body["type"]) == (404, "NotFound")

@@ -25,8 +25,8 @@ The routes are ``http.table``'s, the same table ``mmserver serve`` answers, matc
 by Starlette's router and guarded by the management token as the table says. The
 operations a cluster does not serve yet (:data:`SERVED` lists those it does):
 ``/metrics`` (each replica's runners keep their statistics, shown per replica in
-describe), the ``/v2`` routes and ``/openapi.json``. They answer 501 in their
-protocol's error shape, saying so, never a 404 that reads as a typo.
+describe) and the ``/v2`` routes other than the health checks. They answer 501 in
+their protocol's error shape, saying so, never a 404 that reads as a typo.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from importlib.resources import files
 from typing import Any
 
 from ray.exceptions import RayActorError
@@ -91,7 +92,8 @@ REPLICA_LOST = (RayActorError, ReplicaUnavailableError)
 
 
 #: The operations of ``http.table.ROUTES`` a cluster serves: each is a method of :class:`Ingress`.
-SERVED = ("load_model", "list_models", "describe_model", "unload_model", "invoke", "ping")
+SERVED = ("load_model", "list_models", "describe_model", "unload_model", "invoke", "ping",
+          "openapi", "live", "ready")
 
 
 def _unrouted(request: Request) -> Response:  # pragma: no cover - matching only
@@ -192,6 +194,18 @@ class Ingress:
 
     async def ping(self, request: Request, route: RouteSpec) -> Response:
         return JSONResponse(answers.healthy())
+
+    async def live(self, request: Request, route: RouteSpec) -> Response:
+        """``GET /v2/health/live``: 200 with no body, as on one machine."""
+        return Response()
+
+    ready = live
+
+    async def openapi(self, request: Request, route: RouteSpec) -> Response:
+        """The same OpenAPI description as ``mmserver serve``'s (the routes this cluster does
+        not serve yet answer 501, saying so)."""
+        return Response(files("mmserver.http").joinpath("openapi.json").read_bytes(),
+                        media_type="application/json")
 
     async def _invoke(self, name: str, request: Request) -> Response:
         limit = self.settings.max_payload_bytes
