@@ -492,6 +492,29 @@ def test_statistics_count_batches_rows_and_waits():
     assert stats.compute_seconds_total > 0
 
 
+def test_stats_add_every_record_to_each_total():
+    from mmserver.batching import BatchRecord, RunnerStats
+
+    stats = RunnerStats()
+    before = time.time()
+    stats.add(BatchRecord(rows=4, requests=2, queue_wait_seconds=(0.25, 0.5),
+                          compute_seconds=1.0, failed_requests=1, completed_seconds=1.25,
+                          failed_seconds=1.5))
+    stats.add(BatchRecord(rows=4, requests=1, queue_wait_seconds=(0.125,), compute_seconds=2.0,
+                          failed_requests=0, completed_seconds=2.125))
+    stats.add(BatchRecord(rows=1, requests=1, queue_wait_seconds=(0.0,), compute_seconds=0.5,
+                          failed_requests=1, failed_seconds=0.5))
+    assert (stats.batches, stats.rows, stats.batch_size_counts) == (3, 9, {4: 2, 1: 1})
+    assert stats.batch_size_compute_seconds == {4: 3.0, 1: 0.5}
+    assert (stats.compute_seconds_total, stats.requests_batched) == (3.5, 4)
+    assert stats.queue_seconds_total == 0.875
+    assert stats.request_compute_seconds_total == 1.0 * 2 + 2.0 + 0.5  # each request, its call
+    assert (stats.requests_failed_in_calls, stats.completed_seconds_total,
+            stats.failed_seconds_total) == (2, 3.375, 2.0)
+    assert before <= stats.last_batch_unix <= time.time()
+    assert stats.mean_batch_size == 3.0
+
+
 def test_requests_in_a_batch_are_answered_even_if_the_loop_task_is_killed():
     async def main():
         model = RecordingModel(held=True)

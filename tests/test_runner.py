@@ -190,6 +190,49 @@ def test_a_stuck_call_that_finally_raises_leaves_no_unretrieved_error_behind(cap
     assert "never retrieved" not in caplog.text
 
 
+def test_a_request_queued_before_the_call_got_stuck_runs_once_the_call_returns():
+    model = Held()
+
+    async def main():
+        settings = BatchSettings(max_batch_size=1, max_wait=0)
+        async with ModelRunner(model, settings, call_timeout=0.2) as runner:
+            stuck = asyncio.create_task(runner.submit(row(0.0)))
+            await model.wait_entered()
+            queued = asyncio.create_task(runner.submit(row(1.0)))  # before the timeout
+            with pytest.raises(InvocationTimeout):
+                await stuck
+            assert runner.queue_depth == 1 and not queued.done()
+            model.release.set()  # the stuck call returns: the queue moves again
+            return await asyncio.wait_for(queued, GATE_SECONDS)
+
+    assert torch.equal(run(main()), row(3.0))
+    assert model.calls == [[0.0], [1.0]]
+
+
+def test_admission_refusals_say_why():
+    model = Held()
+
+    async def main():
+        runner = ModelRunner(model, BatchSettings(max_batch_size=1, max_wait=0,
+                                                  max_queue_size=1), name="m")
+        with pytest.raises(RunnerClosed) as closed:
+            runner.check_admission()
+        assert str(closed.value) == "model 'm' is not accepting requests"
+        async with runner:
+            running = asyncio.create_task(runner.submit(row(0.0)))
+            await model.wait_entered()
+            queued = asyncio.create_task(runner.submit(row(1.0)))
+            await until(lambda: runner.queue_depth == 1)
+            with pytest.raises(QueueFull) as full:
+                runner.check_admission()
+            assert str(full.value) == "model 'm' has 1 requests queued (max_queue_size=1)"
+            assert runner.stats.requests_rejected == 1
+            model.release.set()
+            await asyncio.gather(running, queued)
+
+    run(main())
+
+
 def test_stop_does_not_wait_for_a_stuck_call_and_answers_what_was_queued():
     model = Held()
 
@@ -278,6 +321,49 @@ def test_a_failed_batch_is_retried_one_request_at_a_time_and_recorded():
     assert torch.equal(results[0], row(3.0)) and torch.equal(results[2], torch.full((2, 3), 3.0))
     assert [(r.rows, r.requests, r.failed_requests) for r in records] == [(4, 3, 1)]
     assert 0 <= records[0].compute_seconds < GATE_SECONDS
+
+
+def test_a_record_sums_each_request_s_time_from_arrival_to_the_end_of_its_call():
+    """``completed_seconds`` and ``failed_seconds`` (Triton's success and fail durations) are,
+    request by request, its queue wait plus the call; a poisoned request counts as failed."""
+    model = Poisonable()
+    records = []
+
+    async def main():
+        async with ModelRunner(model, full_at(3)) as runner:
+            runner.add_listener(records.append)
+            xs = [row(1.0), row(-1.0), row(2.0)]
+            await asyncio.gather(*(runner.submit(x) for x in xs), return_exceptions=True)
+
+    run(main())
+    [record] = records
+    waits, call = record.queue_wait_seconds, record.compute_seconds
+    assert (record.requests, record.failed_requests) == (3, 1)
+    assert record.completed_seconds == pytest.approx(waits[0] + waits[2] + 2 * call)
+    assert record.failed_seconds == pytest.approx(waits[1] + call)
+
+
+def test_a_batch_our_own_code_fails_to_run_is_still_answered(monkeypatch):
+    """A bug of ours in running a batch (not the model's error) leaves nobody waiting."""
+    from mmserver.batching import BatchExecutor
+
+    async def broken(self, batch):
+        raise RuntimeError("a bug in the executor")
+
+    monkeypatch.setattr(BatchExecutor, "run", broken)
+
+    async def main():
+        settings = BatchSettings(max_batch_size=2, max_wait=GATE_SECONDS, policy="timer",
+                                 batch_sizing="measured")
+        async with ModelRunner(Poisonable(), settings) as runner:
+            results = await asyncio.gather(runner.submit(row(1.0)), runner.submit(row(2.0)),
+                                           return_exceptions=True)
+            return results, runner.stats
+
+    results, stats = run(main())
+    assert [type(r) for r in results] == [RunnerClosed, RunnerClosed]
+    assert str(results[0]) == "model 'model' failed to run this request; see the server log"
+    assert (stats.requests_failed, stats.requests_in_flight, stats.batches) == (2, 0, 1)
 
 
 def test_out_of_memory_is_retried_in_halves_before_one_request_is_too_big():
