@@ -100,3 +100,10 @@ def test_a_batch_is_full_at_the_size_the_sizer_gives():
     assert timer.plan(queue[:8], now=0.0, batch_size=8).take == tuple(range(8))
     assert timer.plan(queue[:8], now=0.0).wait == pytest.approx(0.005)
     assert timer.plan([Queued(12, 0.0)], now=0.0, batch_size=8).take == (0,)
+
+
+def test_a_planner_concatenates_unless_told_not_to():
+    queue = [Queued(1, 1.0), Queued(1, 1.0), Queued(1, 1.0)]
+    default = BatchPlanner(policy="greedy", max_batch_size=8, max_wait=0.010)
+    assert default.plan(queue, now=1.0).take == (0, 1, 2)
+    assert planner("greedy", concatenate=False).plan(queue, now=1.0).take == (0,)

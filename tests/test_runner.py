@@ -209,6 +209,37 @@ def test_a_request_queued_before_the_call_got_stuck_runs_once_the_call_returns()
     assert model.calls == [[0.0], [1.0]]
 
 
+def test_a_full_batch_is_as_many_rows_as_the_sizer_says():
+    """With ``batch_sizing="measured"`` the planner's full batch is the sizer's size, so two
+    rows run at once when the sizer asks for two, though the timer would wait for four."""
+    model = Held(held=False)
+
+    async def main():
+        settings = BatchSettings(max_batch_size=4, max_wait=6 * GATE_SECONDS, policy="timer",
+                                 batch_sizing="measured")
+        async with ModelRunner(model, settings) as runner:
+            runner.sizer.next_size = 2
+            done = asyncio.gather(runner.submit(row(1.0)), runner.submit(row(2.0)))
+            return await asyncio.wait_for(done, GATE_SECONDS)
+
+    assert len(run(main())) == 2
+    assert model.calls == [[1.0, 2.0]]
+
+
+def test_a_runner_keeps_its_call_timeout_and_names_its_instances():
+    runner = ModelRunner(Held(), BatchSettings(instances=3), name="m", call_timeout=2.5)
+    assert runner.call_timeout == 2.5
+    assert [e.name for e in runner.instances.executors] == ["m", "m-1", "m-2"]
+    assert all(e.call_timeout == 2.5 for e in runner.instances.executors)
+
+    async def submit_before_start():
+        with pytest.raises(RunnerClosed) as closed:
+            await runner.submit(row(1.0))
+        assert str(closed.value) == "model 'm' is not accepting requests"
+
+    run(submit_before_start())
+
+
 def test_admission_refusals_say_why():
     model = Held()
 
