@@ -638,6 +638,13 @@ def test_reservations_count_each_slot_once():
             with pytest.raises(RuntimeError, match="^this reservation was already used$"):
                 second.submit(row(1.0))
             assert runner.queue_depth == 0
+        stopping = ModelRunner(model, settings)
+        await stopping.start()
+        late = stopping.reserve()
+        await stopping.stop(timeout=0.05)  # a slot reserved, never used, when the runner stops
+        with pytest.raises(RunnerClosed) as closed:
+            await late.submit(row(2.0))
+        assert str(closed.value) == "model 'model' is not accepting requests"
 
     run(main())
 
