@@ -43,7 +43,7 @@ RUNTIME_READ_TIMEOUT_SECONDS = 70
 DEFAULT_READY_TIMEOUT_SECONDS = 360.0
 #: Folders a model folder may hold that are the interpreter's, not the model's.
 SKIPPED_FOLDERS = frozenset({"__pycache__"})
-#: What mmserver loads from the top of a model folder (mmserver/handlers.py).
+#: What mmserver loads from the top of a model folder (mmserver/handler/folder.py).
 MODEL_FILES = ("model.pt", "model.pt2")
 MODEL_SUFFIXES = (".pt", ".pth")
 CODE_FOLDER = "code"
