@@ -4,7 +4,7 @@ Read from the toolkit's ``Transformer`` (behaviour only; docs/design.md section 
 every handler function gets its arguments by position, plus the context by position
 when it takes exactly one parameter more; JSON and CSV bodies arrive as ``str``;
 ``output_fn`` and ``transform_fn`` answer a body or ``(body, content_type)``.
-``handlers`` decides *when* each function runs; this module only says *how*.
+``handler.folder`` decides *when* each function runs; this module only says *how*.
 """
 
 from __future__ import annotations
