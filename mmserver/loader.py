@@ -27,7 +27,7 @@ from mmserver.handler.requirements import (
     RequirementsCache,
 )
 from mmserver.loaded_model import LoadedModel
-from mmserver.model_settings import SETTINGS_FILE, THREAD_SAFE_ATTRIBUTE, THREAD_SAFE_KEY
+from mmserver.handler.settings import SETTINGS_FILE, THREAD_SAFE_ATTRIBUTE, THREAD_SAFE_KEY
 from mmserver.workers import WorkerPool
 
 log = logging.getLogger(__name__)

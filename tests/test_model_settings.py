@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mmserver.errors import InvalidModelArtifact
-from mmserver.model_settings import KEYS, ModelSettings
+from mmserver.handler.settings import KEYS, ModelSettings
 from mmserver.signatures import TensorSpec
 
 

@@ -90,7 +90,7 @@ from mmserver.handler.toolkit import (
     describe_error,
     response_from,
 )
-from mmserver.model_settings import (
+from mmserver.handler.settings import (
     ROW_WISE_ATTRIBUTE,
     ROW_WISE_KEY,
     SETTINGS_FILE,
