@@ -192,9 +192,10 @@ def event_loop(uvloop: bool | None = None):
 
 
 async def _announce(app: web.Application) -> None:
-    from mmserver.http.app import REGISTRY, SETTINGS
+    from mmserver.http.app import SERVICE
 
-    settings, registry = app[SETTINGS], app[REGISTRY]
+    service = app[SERVICE]
+    settings, registry = service.settings, service.registry
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     base = f"http://{host}:{settings.port}"
     lines = [f"mmserver ready on {base} ({registry.device}); models: "

@@ -134,11 +134,6 @@ class ReplicaUnavailable(MMServerError):
         return type(self), (str(self), self.retry_after_seconds)
 
 
-class NotServedByThisHost(MMServerError):
-    """A route of the table this host does not serve (a Ray cluster's ``/metrics``, say): 501
-    with a message that says where it is served, never a silent 404."""
-
-
 #: Longest error message handed back to a client; the full one stays in the exception chain.
 MAX_ERROR_MESSAGE_CHARS = 500
 

@@ -2,11 +2,12 @@
 
 The steps are the same for both protocols; what differs is the *wire*
 (:class:`Wire`): how a body becomes the runner's input and its output an
-answer. SageMaker's invocations use :class:`ToolkitWire` (the model's
-``input_fn``/``output_fn`` or the default codecs); the v2 protocol has its own
-(``http.v2``). Either way a request takes a slot in the same runner queue,
-under the same admission, payload limit and deadline, and counts as an
-invocation of the model, so unloading it waits for both kinds alike.
+answer. The two wires live beside this module, in :mod:`mmserver.wires`:
+SageMaker's toolkit wire (the model's ``input_fn``/``output_fn`` or the default
+codecs) and the v2 protocol's tensors. Either way a request takes a slot in
+the same runner queue, under the same admission, payload limit and deadline,
+and counts as an invocation of the model, so unloading it waits for both kinds
+alike.
 
 The steps, in order, and what each answers when it fails (the HTTP layer turns
 the errors into status codes):
@@ -44,11 +45,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmserver import codecs
 from mmserver.config import Settings
 from mmserver.errors import BodyTimeout, InvocationTimeout, PayloadTooLarge
-from mmserver.handler.folder import ModelHandler
-from mmserver.handler.toolkit import RequestContext
 from mmserver.loaded_model import LoadedModel
 from mmserver.workers import WorkerPool
 
@@ -92,37 +90,6 @@ class Wire:
         """Encoding costs more than a thread handoff."""
         return (isinstance(rows, torch.Tensor) and rows.numel() >= ENCODE_IN_THREAD_VALUES
                 or isinstance(rows, np.ndarray) and rows.size >= ENCODE_IN_THREAD_VALUES)
-
-
-class ToolkitWire(Wire):
-    """SageMaker's invocations: the model's ``input_fn``/``output_fn``, or the default codecs."""
-
-    def __init__(self, handler: ModelHandler, context: RequestContext):
-        self.handler = handler
-        self.context = context
-        self.user_code = handler.user_codecs
-
-    @classmethod
-    def for_request(cls, model: LoadedModel, content_type: str | None, accept: str | None,
-                    custom_attributes: str | None, default_accept: str) -> ToolkitWire:
-        """The wire of one invocation of ``model``, from its headers as sent."""
-        return cls(model.handler, RequestContext.from_headers(
-            model.name, content_type, accept, custom_attributes, default_accept))
-
-    def admit(self) -> None:
-        if self.handler.default_encoders:
-            codecs.negotiate(self.context.accept)
-
-    def decode(self, body: bytes) -> Any:
-        return self.handler.decode(body, self.context)
-
-    def encode(self, rows: Any) -> Answer:
-        payload, content_type = self.handler.encode(rows, self.context)
-        return Answer(payload, content_type.split(";")[0])
-
-    def heavy_body(self, body: bytes, decode_in_thread_bytes: int) -> bool:
-        return len(body) >= decode_in_thread_bytes or \
-            codecs.media_type(self.context.content_type).startswith("image/")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -170,9 +170,7 @@ class ModelRegistry:
         A folder no model of its name comes from has the status :data:`NOT_LOADED`;
         a model's own entry wins over a folder of its name.
         """
-        entries = {name: ModelInfo(name=name, url=name, status=NOT_LOADED)
-                   for name, path in self.roots.folders().items()
-                   if MODEL_NAME.fullmatch(name) and is_model_folder(path, self.settings.program)}
+        entries = folder_index(self.roots, self.settings.program)
         entries.update((name, model.info()) for name, model in self._models.items())
         return [entries[name] for name in sorted(entries)]
 
@@ -216,6 +214,14 @@ class ModelRegistry:
                              return_exceptions=True)
         if self.requirements is not None:
             await self.requirements.close()
+
+
+def folder_index(roots: ModelRoots, program: str) -> dict[str, ModelInfo]:
+    """Each model folder directly under ``roots`` whose name is a valid model name, as not
+    loaded: the start of v2's repository index, here and on a Ray cluster."""
+    return {name: ModelInfo(name=name, url=name, status=NOT_LOADED)
+            for name, path in roots.folders().items()
+            if MODEL_NAME.fullmatch(name) and is_model_folder(path, program)}
 
 
 def validate_name(name: object) -> str:

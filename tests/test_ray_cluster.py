@@ -268,6 +268,65 @@ def test_requests_to_one_replica_are_batched(client, loaded):
     assert completed >= 72 and mean > 1.5
 
 
+def test_every_v2_route_answers_on_the_cluster_as_on_one_machine(client):
+    """Triton's own client drives each route of the v2 protocol through Serve's proxy: health,
+    server and model metadata, the repository (index, load, unload), readiness, Triton's
+    configuration and statistics, and inference with JSON and binary tensors."""
+    triton = pytest.importorskip("tritonclient.http")
+    import numpy as np
+
+    v2 = triton.InferenceServerClient(client.url.removeprefix("http://"))
+    assert v2.is_server_live() and v2.is_server_ready()
+    metadata = v2.get_server_metadata()
+    assert {"model_configuration", "statistics"} <= set(metadata["extensions"])
+    index = {entry["name"]: entry for entry in v2.get_model_repository_index()}
+    assert index["m7"] == {"name": "m7", "state": "UNAVAILABLE", "reason": "not loaded"}
+    v2.load_model("m7")
+    try:
+        assert v2.is_model_ready("m7") and v2.is_model_ready("m7", "1")
+        assert {"name": "m7", "version": "1", "state": "READY", "reason": ""} in \
+            v2.get_model_repository_index()
+        assert v2.get_model_metadata("m7")["inputs"] == [
+            {"name": "INPUT__0", "datatype": "FP32", "shape": [-1]}]
+        assert v2.get_model_metadata("m7", "1")["versions"] == ["1"]
+        config = v2.get_model_config("m7")
+        assert (config["name"], config["platform"], config["max_batch_size"]) == (
+            "m7", "pytorch_torchscript", 16)
+        assert config["dynamic_batching"]["max_queue_delay_microseconds"] == "2000"
+        x = np.array(AFFINE_ROWS, dtype=np.float32)
+        for binary, version in ((False, ""), (True, "1")):
+            tensor = triton.InferInput("INPUT__0", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x, binary_data=binary)
+            result = v2.infer("m7", [tensor], model_version=version)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), AFFINE_ANSWER)
+        [stats] = v2.get_inference_statistics("m7", "1")["model_stats"]
+        success = stats["inference_stats"]["success"]
+        assert (stats["name"], success["count"], stats["inference_count"]) == ("m7", 2, 2)
+        assert int(success["ns"]) > 0
+        assert "m7" in {s["name"] for s in v2.get_inference_statistics()["model_stats"]}
+        with pytest.raises(triton.InferenceServerException, match="no version '2'"):
+            v2.get_model_config("m7", "2")
+    finally:
+        v2.unload_model("m7")
+    assert not v2.is_model_ready("m7")
+    with pytest.raises(triton.InferenceServerException, match="not loaded"):
+        v2.get_model_metadata("m7")
+
+
+def test_metrics_show_each_replicas_series_labelled_by_replica(client, loaded):
+    loaded("m8")
+    answers = [client.invoke_answer("m8", AFFINE_ROWS) for _ in range(3)]
+    assert {a.status for a in answers} == {200}
+    status, headers, raw = client.request("GET", "/metrics")
+    content_type = {key.lower(): value for key, value in headers.items()}["content-type"]
+    assert status == 200 and content_type.startswith("text/plain")
+    served = collections.Counter(a.replica for a in answers)
+    for replica, count in served.items():
+        line = f'mmserver_requests_total{{model="m8",replica="{replica}",status="200"}} '
+        assert f"{line}{float(count)}" in raw.decode(), raw.decode()[:2000]
+    assert f'mmserver_models_loaded{{replica="{answers[0].replica}"}}' in raw.decode()
+
+
 # -- failures --------------------------------------------------------------------------------
 
 

@@ -24,7 +24,7 @@ import PIL.Image
 import pytest
 import torch
 from conftest import SLOW_CODE, running_server, write_code, write_torchscript
-from helpers import assert_error, wait_for_in_flight, wait_until
+from helpers import assert_error, model_stats, wait_for_in_flight, wait_until
 
 from mmserver.harness.testing import http_request
 
@@ -416,7 +416,8 @@ def test_a_slow_input_fn_does_not_stall_ping(srv):
     assert srv.load("slow-input", "slow_input")[0] == 200
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         answer = pool.submit(srv.invoke, "slow-input", [[1.0]], None, 15)
-        time.sleep(0.2)
+        # Its slot is taken before input_fn runs: queued (reserved) while input_fn sleeps.
+        assert wait_until(lambda: model_stats(srv, "slow-input").get("queueDepth") == 1, 10)
         assert ping_seconds(srv) < 0.5
         assert answer.result(timeout=15) == (200, [[3.0]])
     assert srv.unload("slow-input")[0] == 200
@@ -433,7 +434,9 @@ def test_decoding_large_compressed_images_does_not_stall_ping(root):
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(server.request, "POST", "/models/mean/invoke", png,
                                    {"Content-Type": "image/png"}, 60) for _ in range(2)]
-            time.sleep(0.1)
+            # Decoding starts once a request holds its slot (the queue depth counts it).
+            assert wait_until(lambda: model_stats(server, "mean").get("queueDepth", 0) >= 1
+                              or all(f.done() for f in futures), 30)
             pings = []
             while not all(f.done() for f in futures):
                 pings.append(ping_seconds(server))

@@ -1,10 +1,10 @@
-"""The HTTP layer: SageMaker's multi-model routes and KServe's v2 protocol over aiohttp.
+"""The HTTP layer: SageMaker's multi-model routes and KServe's v2 protocol, for every host.
 
-``app`` builds the aiohttp application and its route table; ``routes`` holds what
-every handler shares (the app's keys, body reading); ``v2`` the v2 protocol's
-handlers and ``triton`` its Triton extensions (model configuration, statistics);
-``requests`` the framework-free checks of a request, ``answers`` the camelCase
-answers and ``errors`` the mapping of errors to statuses and the middleware. The
-Ray ingress (``mmserver.ray.ingress``) answers through the same ``answers``,
-``errors`` and ``requests``.
+``table`` lists every route (method, path, operation, token, protocol); ``sagemaker``
+and ``v2`` hold the operations, each a function of a ``service.ModelService`` and a
+framework-free ``service.Call``; ``requests`` reads what a request must hold,
+``answers`` and ``triton`` build the answers, ``errors`` maps errors to statuses and
+bodies. ``local`` is the service of this process's models and ``app`` the aiohttp host
+that serves it; the Ray Serve ingress (``mmserver.ray.ingress``) is the second host,
+over the cluster's service (``mmserver.ray.service``).
 """

@@ -1,187 +1,206 @@
-"""The aiohttp application: SageMaker's multi-model contract over HTTP.
+"""The aiohttp host: every route of ``http.table`` in one application on one port.
 
-Routes (docs/design.md section 4)::
-
-    POST   /models                  load {"model_name", "url"}
-    GET    /models                  list, ?limit=N&next_page_token=T
-    GET    /models/{name}           describe
-    DELETE /models/{name}           unload after accepted requests finish
-    POST   /models/{name}/invoke    run the model on the body
-    POST   /invocations             single-model mode (or X-Amzn-SageMaker-Target-Model)
-    GET    /ping                    health
-    GET    /metrics                 Prometheus text format
-
-and, on the same port, the Open Inference Protocol's ``/v2`` routes (``http.v2``),
-which serve the same models through the same queues.
-
-The routes, each with its operation, management flag and protocol, are the one
-table of ``http.table``; this module holds SageMaker's handlers and builds the
-application from that table, ``http.v2`` the v2 handlers, ``http.routes`` what the
-handlers share, ``http.errors`` every exception to a status code and an error body
-(in the shape of the route's protocol) and ``http.answers`` the camelCase answers.
-Where SageMaker's contract is silent we follow AWS's multi-model-server.
+``mmserver serve`` runs this application over a :class:`~mmserver.http.local.LocalService`
+(the models of this process). It is a thin adapter: each aiohttp request becomes a
+:class:`~mmserver.http.service.Call` for the route's operation (``http.sagemaker``,
+``http.v2``), and its :class:`~mmserver.http.service.Reply` an aiohttp response. What
+comes with a route's line of the table is added here, once per route: the management
+token, and the invocation count (each request of an invoking route is counted in the
+request metrics with the status it was answered, whatever raised). One middleware
+answers every exception in the route's protocol (``http.errors``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from pathlib import Path
+import time
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from aiohttp import hdrs, web
 
 from mmserver.config import Settings
-from mmserver.http import answers, v2
-from mmserver.http.errors import answer_errors, counted_invocation, requires_token
-from mmserver.http.requests import (
-    CUSTOM_ATTRIBUTES_HEADER,
-    SINGLE_MODEL_NAME,
-    TARGET_MODEL_HEADER,
-    invocations_target,
-    load_request,
-    page_limit,
+from mmserver.errors import MMServerError
+from mmserver.http import sagemaker, v2
+from mmserver.http.errors import (
+    INTERNAL_ERROR_MESSAGE,
+    ErrorAnswer,
+    check_bearer_token,
+    domain_error_answer,
+    error_answer,
+    reason,
 )
-from mmserver.http.routes import (
-    METRICS,
-    PIPELINE,
-    REGISTRY,
-    SETTINGS,
-    read_body,
-    read_json_object,
-)
-from mmserver.http.table import (
-    NAME_IN_PATH,
-    NAME_IN_TARGET_HEADER,
-    ROUTES,
-    SAGEMAKER,
-    V2,
-    is_v2_path,
-)
-from mmserver.loaded_model import LoadedModel
-from mmserver.metrics import CONTENT_TYPE_LATEST, Metrics
-from mmserver.pipeline import Invocation, InvocationPipeline, ToolkitWire
-from mmserver.registry import ModelRegistry
+from mmserver.http.local import LocalService
+from mmserver.http.service import Call, ModelService, Reply
+from mmserver.http.table import ROUTES, SAGEMAKER, V2, RouteSpec, is_v2_path
+from mmserver.pipeline import read_chunks_within
 
-__all__ = ["METRICS", "PIPELINE", "REGISTRY", "ROUTES", "SETTINGS", "Route", "create_app"]
+__all__ = ["SERVICE", "create_app"]
 
 log = logging.getLogger(__name__)
 
-OPENAPI_FILE = Path(__file__).with_name("openapi.json")
+class HostedService(ModelService, Protocol):
+    """A service this host can run: the operations, and its life and request counts."""
+
+    async def start(self) -> None:
+        """Before the first request (``LocalService`` loads the preloaded models)."""
+
+    async def close(self) -> None:
+        """On SIGTERM, after the last request."""
+
+    def count_invocation(self, name: str, status: int, seconds: float) -> None:
+        """One invocation answered, with its status and seconds."""
+
+
+SERVICE = web.AppKey("service", HostedService)
+#: With ``--http-workers``: which worker answered (``mmserver.engine``).
+WORKER_HEADER = "X-Mmserver-Worker"
 #: After answering (413, 408) before a body was read, read and drop the rest for at most this
 #: long, so a client still sending gets to read the answer; aiohttp's 10 s default would hold
 #: a trickling client, and with it shutdown, past SageMaker's 30 s.
 LINGERING_SECONDS = 2.0
+#: Every operation of the table, by name.
+OPERATIONS = {**sagemaker.OPERATIONS, **v2.OPERATIONS}
+#: The request key under which an invocation records (model name, start time) for the count.
+INVOCATION = web.RequestKey("mmserver.invocation", tuple)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-# -- model management ---------------------------------------------------------
-
-async def load_model(request: web.Request) -> web.Response:
-    name, url = load_request(await read_json_object(request))
-    model = await request.app[REGISTRY].load(name, url)
-    return web.json_response(answers.loaded(model))
-
-
-async def list_models(request: web.Request) -> web.Response:
-    query = request.query
-    page, token = request.app[REGISTRY].page(page_limit(query.get("limit")),
-                                             query.get("next_page_token"))
-    return web.json_response(answers.listed(page, token))
-
-
-async def describe_model(request: web.Request) -> web.Response:
-    info = request.app[REGISTRY].info(request.match_info["name"])
-    return web.json_response(answers.described(info))
-
-
-async def unload_model(request: web.Request) -> web.Response:
-    name = request.match_info["name"]
-    await request.app[REGISTRY].unload(name)
-    return web.json_response(answers.unloaded(name))
-
-
-# -- invocation -----------------------------------------------------------------
-
-async def invoke(request: web.Request) -> web.Response:
-    """``POST /models/{name}/invoke`` and ``POST /invocations``: one handler, no extra await.
-
-    Errors are answered (and the request counted) by ``http.errors.answer_errors``.
-    """
-    name = request.match_info.get("name") or _invocations_target(request)
-    app = request.app
-    model = app[REGISTRY].get(name)
-    answer = await app[PIPELINE].run(model, _invocation(request, app[SETTINGS], model))
-    return web.Response(body=answer.body, content_type=answer.content_type)
-
-
-def _invocations_target(request: web.Request) -> str:
-    return invocations_target(request.headers.get(TARGET_MODEL_HEADER))
-
-
-def _invocation(request: web.Request, settings: Settings, model: LoadedModel) -> Invocation:
-    headers = request.headers
-    wire = ToolkitWire.for_request(model, headers.get(hdrs.CONTENT_TYPE),
-                                   headers.get(hdrs.ACCEPT),
-                                   headers.get(CUSTOM_ATTRIBUTES_HEADER), settings.default_accept)
-    return Invocation(wire=wire,
-                      content_length=request.content_length,
-                      read_body=lambda limit: read_body(request, limit),
-                      body_arrived=request.content.is_eof())
-
-
-# -- health and metrics -----------------------------------------------------------
-
-async def ping(request: web.Request) -> web.Response:
-    return web.json_response(answers.healthy())
-
-
-async def openapi(request: web.Request) -> web.Response:
-    """The OpenAPI description of these routes, shipped with the package."""
-    return web.Response(body=OPENAPI_FILE.read_bytes(), content_type="application/json")
-
-
-async def metrics(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[METRICS].exposition(),
-                        headers={hdrs.CONTENT_TYPE: CONTENT_TYPE_LATEST})
-
-
-# -- the application ----------------------------------------------------------------
-
-#: The handler of each operation of ``http.table.ROUTES``: every one is served here.
-HANDLERS = {handler.__name__: handler for handler in (
-    load_model, list_models, describe_model, unload_model, invoke, ping, metrics, openapi)}
-HANDLERS.update(v2.HANDLERS)
-#: Where an invoking route's model name is, by the table's word for it.
-MODEL_NAME = {NAME_IN_PATH: lambda request: request.match_info["name"],
-              NAME_IN_TARGET_HEADER: _invocations_target}
-
-
-def create_app(settings: Settings | None = None) -> web.Application:
-    """Build the application; models in ``settings.preload`` load at start-up."""
+def create_app(settings: Settings | None = None, service: HostedService | None = None,
+               worker: int | None = None) -> web.Application:
+    """Build the application over ``service`` (this process's models by default, whose
+    ``settings.preload`` load at start-up); ``worker`` names the HTTP worker in each answer
+    (:data:`WORKER_HEADER`)."""
     settings = settings or Settings.from_env()
-    metrics_ = Metrics()
+    service = service or LocalService(settings)
     protocols: dict[object, str] = {}
-    app = web.Application(middlewares=[answer_errors(metrics_.request_done,
-                                                     _protocol_of(protocols))],
+    app = web.Application(middlewares=[_answer_errors(service.count_invocation,
+                                                      _protocol_of(protocols))],
                           client_max_size=settings.max_payload_bytes + 1,
                           handler_args={"lingering_time": LINGERING_SECONDS})
-    app[SETTINGS] = settings
-    app[PIPELINE] = InvocationPipeline(settings)
-    app[METRICS] = metrics_
-    app[REGISTRY] = ModelRegistry(settings, on_loaded=metrics_.model_loaded,
-                                  on_unloaded=metrics_.model_unloaded)
+    app[SERVICE] = service
     for route in ROUTES:
-        handler = HANDLERS[route.operation]
-        if route.invokes is not None:
-            handler = counted_invocation(handler, MODEL_NAME[route.invokes])
+        handler = _handler(route, service)
         if route.management and settings.management_token:
-            handler = requires_token(handler, settings.management_token)
+            handler = _requires_token(handler, settings.management_token)
         if route.method == "GET":  # HEAD too, as aiohttp's add_get does
             added = app.router.add_get(route.path, handler)
         else:
             added = app.router.add_route(route.method, route.path, handler)
         protocols[added.resource] = route.protocol
-    app.on_startup.append(_preload)
+    app.on_startup.append(_start)
     app.on_shutdown.append(_drain)
+    if worker is not None:
+        app.on_response_prepare.append(_named_worker(str(worker)))
     return app
+
+
+def _named_worker(worker: str):
+    async def name_worker(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[WORKER_HEADER] = worker
+    return name_worker
+
+
+def _handler(route: RouteSpec, service: HostedService) -> Handler:
+    """The aiohttp handler of ``route``: its operation over ``service``, counted if it
+    invokes."""
+    operation = OPERATIONS[route.operation]
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return _response(await operation(service, _call(request)))
+
+    if route.invokes is None:
+        return handler
+
+    async def counted(request: web.Request) -> web.StreamResponse:
+        call = _call(request)
+        request[INVOCATION] = (sagemaker.invoked_model(call), time.perf_counter())
+        return _response(await operation(service, call))
+
+    return counted
+
+
+def _call(request: web.Request) -> Call:
+    return Call(params=request.match_info, query=request.query, headers=request.headers,
+                content_length=request.content_length,
+                read_body=lambda limit: _read_body(request, limit),
+                body_arrived=request.content.is_eof())
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The body, at most ``limit`` bytes; a chunked body past it is 413 as it arrives."""
+    if request.content_length is not None:  # the operation checked it against its limit
+        return await request.read()
+    return await read_chunks_within(request.content.iter_chunked(256 * 1024), limit)
+
+
+def _response(reply: Reply) -> web.Response:
+    headers = dict(reply.headers) if reply.headers else {}
+    if reply.content_type is not None:
+        headers[hdrs.CONTENT_TYPE] = reply.content_type
+    return web.Response(status=reply.status, body=reply.body or None, headers=headers)
+
+
+def _error_response(answer: ErrorAnswer) -> web.Response:
+    return web.json_response(answer.body, status=answer.status, headers=answer.headers)
+
+
+def _requires_token(handler: Handler, token: str) -> Handler:
+    """``handler`` behind ``Authorization: Bearer <token>`` (401 otherwise)."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        check_bearer_token(request.headers.get(hdrs.AUTHORIZATION), token)
+        return await handler(request)
+
+    return guarded
+
+
+def _answer_errors(on_invocation: Callable[[str, int, float], None],
+                   protocol_of: Callable[[web.Request], str]):
+    """The middleware that turns every exception into a JSON answer in the request's protocol,
+    and calls ``on_invocation(model_name, status, seconds)`` for each request that recorded
+    itself under :data:`INVOCATION`, with the status it was answered."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        error = None
+        try:
+            response = await handler(request)
+        except web.HTTPException as http_error:
+            if http_error.status < 400:
+                raise
+            response = _error_response(error_answer(
+                http_error.status, http_error.reason or reason(http_error.status),
+                headers={k: v for k, v in http_error.headers.items() if k in (hdrs.ALLOW,)},
+                protocol=protocol_of(request)))
+        except MMServerError as domain_error:
+            error = domain_error
+            response = _error_response(domain_error_answer(domain_error, protocol_of(request)))
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the server must answer, not die
+            log.exception("unexpected error on %s %s", request.method, request.path)
+            response = _error_response(error_answer(500, INTERNAL_ERROR_MESSAGE,
+                                                    protocol=protocol_of(request)))
+        invocation = request.get(INVOCATION)
+        if invocation is not None:
+            name, started = invocation
+            if error is not None:
+                _log_failed_invocation(name, response.status, error)
+            on_invocation(name, response.status, time.perf_counter() - started)
+        return response
+
+    return middleware
+
+
+def _log_failed_invocation(name: str, status: int, error: BaseException) -> None:
+    """One line per failure; the full chain of a server-side error only at debug level."""
+    if status >= 500 and status != 503:  # shedding load is routine
+        log.warning("model=%s invoke answered %d: %s", name, status, error)
+        log.debug("model=%s cause of the %d", name, status, exc_info=error)
+    else:
+        log.debug("model=%s invoke answered %d: %s", name, status, error)
 
 
 def _protocol_of(protocols: dict[object, str]):
@@ -195,15 +214,9 @@ def _protocol_of(protocols: dict[object, str]):
     return protocol_of
 
 
-async def _preload(app: web.Application) -> None:
-    settings, registry = app[SETTINGS], app[REGISTRY]
-    if not settings.multi_model:
-        await registry.load_single(SINGLE_MODEL_NAME, settings.single_model_dir)
-    for name, url in settings.preload:
-        await registry.load(name, url)
+async def _start(app: web.Application) -> None:
+    await app[SERVICE].start()
 
 
 async def _drain(app: web.Application) -> None:
-    """SIGTERM: answer accepted requests, leaving time to exit before SageMaker's SIGKILL."""
-    await app[REGISTRY].close(drain_timeout=max(1.0, app[SETTINGS].shutdown_timeout_seconds - 5))
-    app[PIPELINE].close()
+    await app[SERVICE].close()

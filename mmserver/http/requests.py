@@ -1,19 +1,23 @@
-"""What a management request must hold, read without any web framework.
+"""What a request must hold, read without any web framework.
 
-SageMaker's routes are served by two HTTP hosts: the aiohttp application
-(``app``) and, on a Ray cluster, the Serve ingress (``mmserver.ray.ingress``).
-Both read a load's body, a listing's ``limit``, SageMaker's header names and
-``/invocations``' target through these, so a client gets the same 400 with the same
-words from either. Each raises :class:`~mmserver.errors.InvalidRequest` (or
-:class:`~mmserver.errors.PayloadTooLarge`); the HTTP layer picks the status.
+The operations (``http.sagemaker``, ``http.v2``) read a load's body, a listing's
+``limit``, SageMaker's header names and ``/invocations``' target through these,
+whichever host serves them, so a client gets the same 400 with the same words from
+``mmserver serve`` and from a Ray cluster. Each raises
+:class:`~mmserver.errors.InvalidRequest` (or :class:`~mmserver.errors.PayloadTooLarge`);
+the HTTP layer picks the status.
 """
 
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from mmserver import errors
 from mmserver.registry import validate_name
+
+if TYPE_CHECKING:
+    from mmserver.http.service import Call
 
 #: Management requests are small JSON objects; anything larger is not one.
 MAX_JSON_OBJECT_BYTES = 64 * 1024
@@ -71,3 +75,11 @@ def invocations_target(target_model_header: str | None) -> str:
     if target_model_header:
         return validate_name(target_model_header)
     return SINGLE_MODEL_NAME
+
+
+async def read_json_object(call: Call, *, empty_allowed: bool = False) -> dict:
+    """The body as a JSON object of at most :data:`MAX_JSON_OBJECT_BYTES`; ``{}`` for an
+    empty body when ``empty_allowed``."""
+    check_json_object_size(call.content_length)
+    return parse_json_object(await call.read_body(MAX_JSON_OBJECT_BYTES),
+                             empty_allowed=empty_allowed)

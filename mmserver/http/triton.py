@@ -1,10 +1,14 @@
-"""Triton's model configuration and statistics extensions, read off a loaded model.
+"""The v2 answers read off a loaded model: its metadata, Triton's configuration and statistics.
 
 Tools built for Triton read a model's configuration before they send a request
 (``perf_analyzer`` sizes its batches by ``max_batch_size`` and its tensors by
 ``input[].dims``) and read its statistics to report where time went. These two
 functions answer with Triton's field names from what mmserver already knows, so
-nothing is configured twice; nothing here knows HTTP.
+nothing is configured twice; nothing here knows HTTP, and each runs where the model
+is (in ``mmserver serve``, or on the Ray model host that holds it).
+
+**Metadata** (``GET /v2/models/{name}``): the platform of its kind of folder, and its
+inputs and outputs (:mod:`mmserver.signatures`); every model has one version, ``"1"``.
 
 **Configuration** (``GET /v2/models/{name}/config``), from the model's signature
 (:mod:`mmserver.signatures`) and its batching settings:
@@ -43,7 +47,10 @@ from typing import Any
 from mmserver.handler.folder import EXPORTED, SCRIPT, TORCHSCRIPT
 from mmserver.loaded_model import LoadedModel
 from mmserver.signatures import TensorSpec
+from mmserver.wires import VERSION
 
+#: What the v2 metadata calls each kind of model folder.
+PLATFORMS = {SCRIPT: "python", TORCHSCRIPT: "pytorch_torchscript", EXPORTED: "pytorch_export"}
 #: What Triton names each kind of model folder's runtime.
 BACKENDS = {SCRIPT: "python", TORCHSCRIPT: "pytorch", EXPORTED: "pytorch"}
 _NS = 1e9
@@ -54,9 +61,25 @@ def data_type(datatype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
 
 
-def model_config(model: LoadedModel, platform: str) -> dict[str, Any]:
-    """Triton's model configuration of ``model`` (module docstring); ``platform`` as the
-    model's v2 metadata names it."""
+def model_metadata(model: LoadedModel) -> dict[str, Any]:
+    """The v2 metadata of ``model`` (module docstring)."""
+    handler = model.handler
+    signature = handler.signature
+    return {
+        "name": model.name,
+        "versions": [VERSION],
+        "platform": PLATFORMS[handler.kind],
+        "inputs": [_spec(spec) for spec in signature.inputs],
+        "outputs": [_spec(spec) for spec in signature.outputs],
+    }
+
+
+def _spec(spec: TensorSpec) -> dict[str, object]:
+    return {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
+
+
+def model_config(model: LoadedModel) -> dict[str, Any]:
+    """Triton's model configuration of ``model`` (module docstring)."""
     handler, settings, device = model.handler, model.runner.settings, model.device
     row_wise = handler.row_wise
     max_batch_size = settings.max_batch_size if row_wise else 0
@@ -67,7 +90,7 @@ def model_config(model: LoadedModel, platform: str) -> dict[str, Any]:
         group["gpus"] = [device.index or 0]
     return {
         "name": model.name,
-        "platform": platform,
+        "platform": PLATFORMS[handler.kind],
         "backend": BACKENDS[handler.kind],
         "version_policy": {"latest": {"num_versions": 1}},
         "max_batch_size": max_batch_size,
@@ -90,13 +113,13 @@ def _tensor(spec: TensorSpec, row_wise: bool) -> dict[str, Any]:
             "dims": [str(d) for d in dims]}
 
 
-def model_stats(model: LoadedModel, version: str) -> dict[str, Any]:
+def model_stats(model: LoadedModel) -> dict[str, Any]:
     """Triton's statistics of ``model`` since it was loaded (module docstring)."""
     stats = model.runner.stats
     batched = stats.requests_batched
     return {
         "name": model.name,
-        "version": version,
+        "version": VERSION,
         "last_inference": round(stats.last_batch_unix * 1000),
         "inference_count": stats.rows,
         "execution_count": stats.batches,

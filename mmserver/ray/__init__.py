@@ -8,7 +8,8 @@ keeping the least recently used ones out when they are full. One idea a module:
 
 * ``application``: :func:`app`, the builder wiring the three deployments;
 * ``settings``: the builder's ``key=value`` arguments;
-* ``ingress``: the HTTP routes (part of the HTTP layer);
+* ``ingress``: the HTTP routes (the HTTP layer's second host);
+* ``service``: the cluster's models as the HTTP operations see them;
 * ``registrations``: names to urls, cluster-wide;
 * ``host``: a model host replica;
 * ``multiplex``: Ray's multiplexer as a replica's cache of models;

@@ -17,24 +17,35 @@ one and tries again, until the model fits or nothing is left to evict, when the
 model fits on no replica (every replica has the same budget) and the answer is
 507. An evicted model is unloaded as on one machine: its accepted requests are
 answered first. A name nobody registered answers 404 before anything is evicted.
+
+Each replica keeps its own metrics (``mmserver.metrics``): its models' batches and
+queues, and the invocations it ran, by the status the ingress answers them; the
+cluster's ``/metrics`` shows every replica's, labelled (``service``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from typing import Any
 
 from ray.serve.handle import DeploymentHandle
 
 from mmserver.allocator import keep_freed_memory_in_heap
 from mmserver.config import Settings
-from mmserver.errors import InsufficientResources, ModelNotFound, RunnerClosed
+from mmserver.errors import InsufficientResources, MMServerError, ModelNotFound, RunnerClosed
+from mmserver.http import triton
+from mmserver.http.errors import status_for
+from mmserver.http.table import SAGEMAKER, V2
 from mmserver.loaded_model import LoadedModel, ModelInfo
-from mmserver.pipeline import Answer, Invocation, InvocationPipeline, ToolkitWire
+from mmserver.metrics import Metrics
+from mmserver.pipeline import Answer, Invocation, InvocationPipeline
 from mmserver.ray.multiplex import HeldModel, ModelCache
 from mmserver.ray.registrations import Registration
 from mmserver.ray.replicas import ReplicaRef
 from mmserver.registry import ModelRegistry
+from mmserver.wires import ToolkitHeaders, V2Headers
 
 log = logging.getLogger(__name__)
 
@@ -57,16 +68,6 @@ class Held:
     info: ModelInfo
 
 
-@dataclasses.dataclass(frozen=True)
-class Request:
-    """An invocation's body and headers, as the ingress read them."""
-
-    body: bytes
-    content_type: str | None = None
-    accept: str | None = None
-    custom_attributes: str | None = None
-
-
 class ModelHost:
     """The model host deployment's replica (see the module docstring)."""
 
@@ -74,8 +75,11 @@ class ModelHost:
         if settings.tune_malloc:  # before any model runs, as mmserver serve does
             keep_freed_memory_in_heap()
         self.settings = settings
+        self.metrics = Metrics()
         # The count of models is Ray's multiplexer's to cap; the registry keeps the memory rule.
-        self.models = ModelRegistry(dataclasses.replace(settings, max_models=None))
+        self.models = ModelRegistry(dataclasses.replace(settings, max_models=None),
+                                    on_loaded=self.metrics.model_loaded,
+                                    on_unloaded=self.metrics.model_unloaded)
         self.pipeline = InvocationPipeline(settings)
         self.registrations = registrations
         self.cache = ModelCache(self._load, settings.max_models)
@@ -86,19 +90,58 @@ class ModelHost:
 
     # -- what the ingress calls --------------------------------------------------
 
-    async def invoke(self, name: str, request: Request) -> Invoked:
-        """Serve one invocation of ``name``, loading the model first if this replica lacks it."""
-        loaded = not self.cache.holds(name)
-        if loaded:  # 404 before Ray's cap evicts anything for a name nobody registered
-            await self._registration(name, serving=True)
-        held = await self.cache.get(name)
+    async def invoke(self, name: str, headers: ToolkitHeaders | V2Headers, body: bytes
+                     ) -> Invoked:
+        """Serve one invocation of ``name``, loading the model first if this replica lacks it;
+        counted in this replica's request metrics with the status the ingress will answer."""
+        started, status = time.perf_counter(), 200
         try:
-            return await self._run(held, request, loaded)
+            return await self._invoke(name, headers, body)
+        except MMServerError as error:
+            status = status_for(error, V2 if isinstance(headers, V2Headers) else SAGEMAKER) or 500
+            raise
+        except Exception:
+            status = 500
+            raise
+        finally:
+            self.metrics.request_done(name, status, time.perf_counter() - started)
+
+    async def _invoke(self, name: str, headers: ToolkitHeaders | V2Headers, body: bytes
+                      ) -> Invoked:
+        loaded, held = await self._held(name)
+        try:
+            return await self._run(held, headers, body, loaded)
         except RunnerClosed:
             if not held.model.unloading:
                 raise
         # Evicted between the lookup and the queue: load it again, once.
-        return await self._run(await self.cache.get(name), request, loaded=True)
+        return await self._run(await self.cache.get(name), headers, body, loaded=True)
+
+    async def _held(self, name: str) -> tuple[bool, HeldModel]:
+        """This replica's copy of ``name``, loaded first if it lacks one (and whether it did)."""
+        loaded = not self.cache.holds(name)
+        if loaded:  # 404 before Ray's cap evicts anything for a name nobody registered
+            await self._registration(name, serving=True)
+        return loaded, await self.cache.get(name)
+
+    async def metadata(self, name: str) -> dict[str, Any]:
+        """v2's metadata of ``name``, read off this replica's copy."""
+        return triton.model_metadata((await self._held(name))[1].model)
+
+    async def config(self, name: str) -> dict[str, Any]:
+        """Triton's configuration of ``name``, read off this replica's copy."""
+        return triton.model_config((await self._held(name))[1].model)
+
+    async def statistics(self, name: str | None) -> list[dict[str, Any]]:
+        """Triton's statistics of this replica's copy of ``name`` (of every model it holds
+        when ``name`` is None); none when it holds no copy (broadcast)."""
+        models = self.models.ready()
+        return [triton.model_stats(model) for model in models
+                if name is None or model.name == name]
+
+    async def exposition(self) -> tuple[str, bytes]:
+        """This replica's metrics in Prometheus' text format, and its id (broadcast)."""
+        return self.replica.replica_id, self.metrics.exposition()
 
     async def warm(self, name: str) -> Held:
         """The first load of a new registration (``POST /models``), here."""
@@ -150,18 +193,16 @@ class ModelHost:
         """An evicted model: its accepted requests are answered, then it is freed."""
         await self.models.unload(name)
 
-    async def _run(self, held: HeldModel, request: Request, loaded: bool) -> Invoked:
-        answer = await self.pipeline.run(held.model, self._invocation(held.model, request))
-        return Invoked(answer, self.replica, loaded)
-
-    def _invocation(self, model: LoadedModel, request: Request) -> Invocation:
+    async def _run(self, held: HeldModel, headers: ToolkitHeaders | V2Headers, body: bytes,
+                   loaded: bool) -> Invoked:
         async def read_body(limit: int) -> bytes:  # the ingress read it within the limit
-            return request.body
+            return body
 
-        wire = ToolkitWire.for_request(model, request.content_type, request.accept,
-                                       request.custom_attributes, self.settings.default_accept)
-        return Invocation(wire=wire, content_length=len(request.body), read_body=read_body,
-                          body_arrived=True)
+        model = held.model
+        answer = await self.pipeline.run(model, Invocation(
+            wire=headers.wire(model, self.settings.default_accept), content_length=len(body),
+            read_body=read_body, body_arrived=True))
+        return Invoked(answer, self.replica, loaded)
 
     async def _shutdown(self) -> None:
         await self.cache.close()

@@ -1,45 +1,32 @@
-"""SageMaker's multi-model routes on a Ray cluster: the Serve ingress, part of the HTTP layer.
+"""The Ray Serve ingress: ``http.table``'s routes on a cluster, a thin adapter like ``http.app``.
 
 Serve's HTTP proxy hands each request to this deployment's ``__call__`` as a
-Starlette request; the answer is a Starlette response. The routes, status
-codes, error bodies and pagination are ``mmserver serve``'s (docs/design.md
-section 4), built by the same functions: ``http.requests`` reads the bodies and
-queries, ``http.answers`` writes the camelCase answers, ``http.errors`` turns a
-domain error into its status, body and headers. What a cluster changes
-(section 11):
+Starlette request. The ingress matches it against the one route table with
+Starlette's own router (``starlette.routing.Route``, which Ray ships), checks the
+management token where the route's line says so, turns it into a
+:class:`~mmserver.http.service.Call` for the route's operation (the same
+``http.sagemaker`` and ``http.v2`` functions ``mmserver serve`` runs), over the
+cluster's :class:`~mmserver.ray.service.ClusterService`, and answers the
+:class:`~mmserver.http.service.Reply`, or the error in the route's protocol
+(``http.errors``). A path no route matches is 404, and a method the path lacks 405
+with ``Allow``, as aiohttp answers. Invocations are counted by the model hosts that
+run them (``service``).
 
-* ``POST /models`` registers the name cluster-wide (``registrations``; 409 while
-  it is taken) and loads the model once on one replica, so that a model which
-  fits nowhere answers 507 at once and a bad artifact 400; the load answers
-  once that replica holds it, and Serve's routers have had time to learn so
-  (:data:`ROUTING_SETTLE_SECONDS`).
-* ``POST /models/{name}/invoke`` goes to a replica chosen by Serve's router
-  (one that holds the model if any) and carries :data:`~mmserver.ray.replicas.REPLICA_HEADER`
-  and :data:`~mmserver.ray.replicas.LOADED_HEADER`. A replica that dies before answering
-  is replaced by another once; a second loss answers 503 with ``Retry-After``.
-* ``GET /models/{name}`` lists every replica holding the model (broadcast).
-* ``DELETE /models/{name}`` unloads it on every replica (broadcast), each
-  answering its accepted requests first, then frees the name.
-
-The routes are ``http.table``'s, the same table ``mmserver serve`` answers, matched
-by Starlette's router and guarded by the management token as the table says. The
-operations a cluster does not serve yet (:data:`SERVED` lists those it does):
-``/metrics`` (each replica's runners keep their statistics, shown per replica in
-describe) and the ``/v2`` routes other than the health checks. They answer 501 in
-their protocol's error shape, saying so, never a 404 that reads as a typo.
+**"503 before the body" on a cluster.** Serve's proxy streams the body to this
+replica; the ingress reads it (within the payload limit, 413 as it arrives, and
+``MMSERVER_BODY_TIMEOUT``, 408) before any model host sees the request, because a
+host is chosen by Serve's router and takes the body as an argument. So a full queue's
+503 comes from the host after the body crossed the cluster once; only the checks on
+headers (the token, ``Content-Length`` over the limit, an unknown route) answer
+before a byte of the body is read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from importlib.resources import files
-from typing import Any
 
-from ray.exceptions import RayActorError
-from ray.serve.exceptions import ReplicaUnavailableError
-from ray.serve.handle import DeploymentHandle, DeploymentResponse
+from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Match
@@ -47,7 +34,7 @@ from starlette.routing import Route as StarletteRoute
 
 from mmserver import errors
 from mmserver.config import Settings
-from mmserver.http import answers
+from mmserver.http import sagemaker, v2
 from mmserver.http.errors import (
     INTERNAL_ERROR_MESSAGE,
     ErrorAnswer,
@@ -55,45 +42,15 @@ from mmserver.http.errors import (
     domain_error_answer,
     error_answer,
 )
-from mmserver.http.requests import (
-    CUSTOM_ATTRIBUTES_HEADER,
-    TARGET_MODEL_HEADER,
-    check_json_object_size,
-    invocations_target,
-    load_request,
-    page_limit,
-    parse_json_object,
-)
-from mmserver.http.table import NAME_IN_PATH, ROUTES, SAGEMAKER, V2, RouteSpec, is_v2_path
-from mmserver.loaded_model import NOT_LOADED
-from mmserver.model_roots import ModelRoots
-from mmserver.pipeline import check_payload_size, read_chunks_within, read_within
-from mmserver.ray.host import Held, Invoked
-from mmserver.ray.host import Request as HostRequest
-from mmserver.ray.registrations import READY
-from mmserver.ray.replicas import LOADED_HEADER, REPLICA_HEADER
-from mmserver.ray.replies import unwrapped
+from mmserver.http.service import Call, Reply
+from mmserver.http.table import ROUTES, SAGEMAKER, V2, RouteSpec, is_v2_path
+from mmserver.pipeline import read_chunks_within, read_within
+from mmserver.ray.service import ClusterService
 
 log = logging.getLogger(__name__)
 
-#: What a call to another deployment may take beyond the limit the callee keeps itself
-#: (routing, a replica's start): past it the callee is taken for lost.
-CALL_MARGIN_SECONDS = 10.0
-#: Registrations answer from memory; a call slower than this means their replica is gone.
-REGISTRY_CALL_SECONDS = 30.0
-#: A load answers this long after the model is held: a replica reports the models it holds
-#: to Serve's controller every 0.1 s, which passes them to the routers in its next loop, so
-#: the next request finds the replica that loaded the model instead of loading it elsewhere.
-ROUTING_SETTLE_SECONDS = 0.5
-#: Times an invocation is sent again after its replica died before answering.
-REPLICA_LOSS_RETRIES = 1
-#: The errors that mean the replica never answered (it died, or cannot be reached).
-REPLICA_LOST = (RayActorError, ReplicaUnavailableError)
-
-
-#: The operations of ``http.table.ROUTES`` a cluster serves: each is a method of :class:`Ingress`.
-SERVED = ("load_model", "list_models", "describe_model", "unload_model", "invoke", "ping",
-          "openapi", "live", "ready")
+#: Every operation of the table, by name: the same functions ``mmserver serve`` runs.
+OPERATIONS = {**sagemaker.OPERATIONS, **v2.OPERATIONS}
 
 
 def _unrouted(request: Request) -> Response:  # pragma: no cover - matching only
@@ -111,9 +68,7 @@ class Ingress:
     def __init__(self, settings: Settings, hosts: DeploymentHandle,
                  registrations: DeploymentHandle):
         self.settings = settings
-        self.hosts = hosts
-        self.registrations = registrations
-        self.roots = ModelRoots(settings.model_roots)
+        self.service = ClusterService(settings, hosts, registrations)
 
     async def __call__(self, request: Request) -> Response:
         protocol = V2 if is_v2_path(request.url.path) else SAGEMAKER
@@ -123,11 +78,8 @@ class Ingress:
             if route.management and self.settings.management_token:
                 check_bearer_token(request.headers.get("authorization"),
                                    self.settings.management_token)
-            if route.operation not in SERVED:
-                raise errors.NotServedByThisHost(
-                    f"{route.method} {route.path} is not served on a Ray cluster yet; "
-                    "mmserver serve answers it (see the README's Ray section)")
-            return await getattr(self, route.operation)(request, route, **params)
+            reply = await OPERATIONS[route.operation](self.service, self._call(request, params))
+            return _response(reply)
         except _NoRoute as no_route:
             return _json(no_route.answer)
         except errors.MMServerError as error:
@@ -138,153 +90,14 @@ class Ingress:
             log.exception("unexpected error on %s %s", request.method, request.url.path)
             return _json(error_answer(500, INTERNAL_ERROR_MESSAGE, protocol=protocol))
 
-    # -- model management --------------------------------------------------------
+    def _call(self, request: Request, params: dict[str, str]) -> Call:
+        body_timeout = self.settings.body_timeout_seconds
 
-    async def load_model(self, request: Request, route: RouteSpec) -> Response:
-        check_json_object_size(_content_length(request))
-        body = await read_within(request.body(), self.settings.body_timeout_seconds)
-        name, url = load_request(parse_json_object(body))
-        self.roots.resolve(url)  # 404 or 400 before the name is taken; each host checks again
-        registration = await self._registry(self.registrations.claim.remote(name, url))
-        try:
-            await _call(self.hosts.options(multiplexed_model_id=name).warm.remote(name),
-                        self.settings.load_timeout_seconds + CALL_MARGIN_SECONDS,
-                        lambda: errors.LoadTimeout(
-                            f"loading model {name!r} took longer than "
-                            f"{self.settings.load_timeout_seconds:g} s (MMSERVER_LOAD_TIMEOUT)"))
-            registration = await self._registry(
-                self.registrations.confirm.remote(name, registration.token))
-            await asyncio.sleep(ROUTING_SETTLE_SECONDS)
-        except BaseException:
-            await asyncio.shield(self._release(name, registration.token))
-            raise
-        return JSONResponse(answers.loaded(registration))
+        async def read_body(limit: int) -> bytes:
+            return await read_within(read_chunks_within(request.stream(), limit), body_timeout)
 
-    async def list_models(self, request: Request, route: RouteSpec) -> Response:
-        query = request.query_params
-        page, token = await self._registry(self.registrations.page.remote(
-            page_limit(query.get("limit")), query.get("next_page_token")))
-        return JSONResponse(answers.listed(page, token))
-
-    async def describe_model(self, request: Request, route: RouteSpec, name: str) -> Response:
-        registration = await self._registry(self.registrations.get.remote(name))
-        holders: list[Held] = [held for held in await self._broadcast("holding", name)
-                               if isinstance(held, Held)]
-        status = registration.state
-        if status == READY and not holders:
-            status = NOT_LOADED
-        return JSONResponse(answers.described_on_cluster(
-            registration, status, [(held.replica, held.info) for held in holders]))
-
-    async def unload_model(self, request: Request, route: RouteSpec, name: str) -> Response:
-        registration = await self._registry(self.registrations.begin_unload.remote(name))
-        try:
-            await self._broadcast("drop", name)
-        finally:
-            await asyncio.shield(self._release(name, registration.token))
-        return JSONResponse(answers.unloaded(name))
-
-    # -- invocation ----------------------------------------------------------------
-
-    async def invoke(self, request: Request, route: RouteSpec, name: str | None = None
-                     ) -> Response:
-        if route.invokes != NAME_IN_PATH:
-            name = invocations_target(request.headers.get(TARGET_MODEL_HEADER))
-        return await self._invoke(name, request)
-
-    async def ping(self, request: Request, route: RouteSpec) -> Response:
-        return JSONResponse(answers.healthy())
-
-    async def live(self, request: Request, route: RouteSpec) -> Response:
-        """``GET /v2/health/live``: 200 with no body, as on one machine."""
-        return Response()
-
-    ready = live
-
-    async def openapi(self, request: Request, route: RouteSpec) -> Response:
-        """The same OpenAPI description as ``mmserver serve``'s (the routes this cluster does
-        not serve yet answer 501, saying so)."""
-        return Response(files("mmserver.http").joinpath("openapi.json").read_bytes(),
-                        media_type="application/json")
-
-    async def _invoke(self, name: str, request: Request) -> Response:
-        limit = self.settings.max_payload_bytes
-        length = _content_length(request)
-        if length is not None:
-            check_payload_size(length, limit)
-        body = await read_within(read_chunks_within(request.stream(), limit),
-                                 self.settings.body_timeout_seconds)
-        headers = request.headers
-        host_request = HostRequest(body, headers.get("content-type"), headers.get("accept"),
-                                   headers.get(CUSTOM_ATTRIBUTES_HEADER))
-        timeout = self.settings.model_server_timeout_seconds + CALL_MARGIN_SECONDS
-        for attempt in range(REPLICA_LOSS_RETRIES + 1):
-            try:
-                invoked: Invoked = await _call(
-                    self.hosts.options(multiplexed_model_id=name).invoke.remote(
-                        name, host_request),
-                    timeout, lambda: errors.InvocationTimeout(
-                        f"model {name!r} did not answer within "
-                        f"{self.settings.model_server_timeout_seconds:g} s "
-                        "(SAGEMAKER_MODEL_SERVER_TIMEOUT)"))
-                break
-            except errors.ReplicaUnavailable as error:
-                log.warning("model=%s: %s%s", name, error,
-                            "; sending it to another" if attempt < REPLICA_LOSS_RETRIES else "")
-        else:
-            raise errors.ReplicaUnavailable(
-                f"the replicas given model {name!r}'s request died before answering; retry")
-        answer = invoked.answer
-        return Response(answer.body, headers={
-            "content-type": answer.content_type, **(answer.headers or {}),
-            REPLICA_HEADER: invoked.replica.replica_id,
-            LOADED_HEADER: "1" if invoked.loaded else "0"})
-
-    # -- calls to the other deployments ---------------------------------------------
-
-    async def _registry(self, response: DeploymentResponse) -> Any:
-        return await _call(response, REGISTRY_CALL_SECONDS, lambda: errors.ReplicaUnavailable(
-            "the registrations did not answer; retry"))
-
-    async def _release(self, name: str, token: int) -> None:
-        await self._registry(self.registrations.release.remote(name, token))
-
-    async def _broadcast(self, method: str, name: str) -> list[Any]:
-        """``method(name)``'s answers from every model host; a replica that failed (it died,
-        say) is logged and left out."""
-        timeout = self.settings.model_server_timeout_seconds + CALL_MARGIN_SECONDS
-        try:
-            results = await self.hosts.broadcast(method, name).results_async(
-                timeout_s=timeout, return_exceptions=True)
-        except TimeoutError:
-            raise errors.ReplicaUnavailable(
-                f"not every replica answered {method} of model {name!r} within {timeout:g} s; "
-                "retry") from None
-        replies = []
-        for result in results:
-            try:
-                if isinstance(result, BaseException):
-                    raise result
-                replies.append(unwrapped(result))
-            except Exception as error:  # noqa: BLE001 - one replica's failure is not the answer
-                log.warning("model=%s: a replica failed %s: %s", name, method, error)
-        return replies
-
-
-async def _call(response: DeploymentResponse, timeout_seconds: float,
-                timeout_error: Callable[[], errors.MMServerError]) -> Any:
-    """The callee's result, or its domain error raised (``replies``); a callee that died
-    before answering is :class:`~mmserver.errors.ReplicaUnavailable`."""
-    try:
-        async with asyncio.timeout(timeout_seconds):
-            return unwrapped(await response)
-    except TimeoutError:
-        response.cancel()
-        raise timeout_error() from None
-    except REPLICA_LOST as error:
-        raise errors.ReplicaUnavailable(
-            f"the replica given the request died before answering ({type(error).__name__})"
-        ) from None
+        return Call(params=params, query=request.query_params, headers=request.headers,
+                    content_length=_content_length(request), read_body=read_body)
 
 
 def _match(scope: dict, protocol: str) -> tuple[RouteSpec, dict[str, str]]:
@@ -319,6 +132,12 @@ def _content_length(request: Request) -> int | None:
         raise errors.InvalidRequest(f"Content-Length must be an integer, got {raw!r}") from None
 
 
+def _response(reply: Reply) -> Response:
+    headers = dict(reply.headers) if reply.headers else {}
+    if reply.content_type is not None:
+        headers["content-type"] = reply.content_type
+    return Response(reply.body, status_code=reply.status, headers=headers)
+
+
 def _json(answer: ErrorAnswer) -> Response:
     return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
-

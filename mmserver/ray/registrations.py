@@ -96,6 +96,10 @@ class Registrations:
         registration = self._by_name.get(name)
         return registration if registration is not None and registration.state == READY else None
 
+    async def every(self) -> list[Registration]:
+        """Every registration, in any state (v2's repository index)."""
+        return list(self._by_name.values())
+
     async def page(self, limit: int | None = None,
              next_page_token: str | None = None) -> tuple[list[Registration], str | None]:
         """Ready registrations by name after the cursor, as ``mmserver serve`` lists models."""
