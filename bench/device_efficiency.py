@@ -18,7 +18,16 @@ t(b) is linear, so the device time the window needed is exactly
 server's CPU time per request (``psutil``: user + system seconds of the server process ÷
 requests answered). Efficiency 1.0 means the device never waited for the server.
 
-Usage: python bench/device_efficiency.py [--seconds 5]; ``MMSERVER_QUICK=1`` shrinks it.
+With ``--http-workers 1,2`` (the default) it runs once per count: one process pinned to
+one core as above, then N HTTP workers over one engine (``mmserver serve --http-workers``)
+on every core this machine lends (on two cores, the load generator shares one with them).
+CPU per request is then the whole process tree's, and the engine's own is shown beside
+it; the summary gives, per wire at 32 users, the ratio of N workers' requests/s to one
+process's in the same run, the mean batches formed, and, as arithmetic from the measured
+costs, how many cores of HTTP workers would keep this device fully busy.
+
+Usage: python bench/device_efficiency.py [--seconds 5] [--http-workers 1,2];
+``MMSERVER_QUICK=1`` shrinks it.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import argparse
 import io
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -76,53 +86,113 @@ def wires(base: str) -> dict[str, tuple[str, bytes, dict[str, str]]]:
 
 
 def window(server: ServerProcess, url: str, body: bytes, headers: dict[str, str], users: int,
-           seconds: float) -> dict[str, float]:
-    process = psutil.Process(server.process.pid)
-    before, cpu_before = scrape_metrics(server.url), process.cpu_times()
+           seconds: float, engine_pid: int) -> dict[str, float]:
+    tree = [psutil.Process(server.process.pid), *psutil.Process(
+        server.process.pid).children(recursive=True)]
+    engine = next(p for p in tree if p.pid == engine_pid)
+    before, cpu_before = scrape_metrics(server.url), _cpu(tree)
+    engine_before = _cpu([engine])
     started = time.perf_counter()
     result = harness.closed_loop(url, body, headers["Content-Type"], headers=headers,
                                  connections=users, seconds=seconds)
     wall = time.perf_counter() - started
-    after, cpu_after = scrape_metrics(server.url), process.cpu_times()
+    after, cpu_after, engine_after = scrape_metrics(server.url), _cpu(tree), _cpu([engine])
 
     def delta(name: str) -> float:
         return sample_value(after, name, model=NAME) - sample_value(before, name, model=NAME)
 
     batches, rows = delta("mmserver_batch_size_rows_count"), delta("mmserver_batch_size_rows_sum")
     device_seconds = batches * FIXED_SECONDS + rows * PER_ROW_SECONDS
-    cpu = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
+    requests = max(rows, 1)
     return {"rps": result["rps"], "non_2xx": result["non_2xx"],
             "mean_batch": rows / batches if batches else 0.0,
-            "efficiency": device_seconds / wall, "cpu_us_per_request": 1e6 * cpu / max(rows, 1)}
+            "efficiency": device_seconds / wall,
+            "cpu_us_per_request": 1e6 * (cpu_after - cpu_before) / requests,
+            "engine_us_per_request": 1e6 * (engine_after - engine_before) / requests}
+
+
+def _cpu(processes: list[psutil.Process]) -> float:
+    """User + system seconds of ``processes`` so far."""
+    return sum(t.user + t.system for t in (p.cpu_times() for p in processes))
+
+
+def _engine_pid(server: ServerProcess) -> int:
+    """The process that runs the models: the server itself, or its engine (``--http-workers``)."""
+    match = re.search(r"over one engine \(pid (\d+)\)", server.log())
+    return int(match.group(1)) if match else server.process.pid
+
+
+def _wait_for_workers(server: ServerProcess, workers: int) -> None:
+    """Until every HTTP worker has answered (``/ping`` answers once the first listens)."""
+    seen: set[str | None] = set()
+    deadline = time.monotonic() + 60
+    while len(seen) < workers and time.monotonic() < deadline:
+        seen.add(http_request(server.url, "GET", "/ping")[1].get("X-Mmserver-Worker"))
+    if len(seen) < workers:
+        raise RuntimeError(f"only workers {sorted(map(str, seen))} of {workers} answered")
+
+
+def measure(tmp: str, folder: Path, workers: int, seconds: float) -> dict[tuple[str, int], dict]:
+    """Every wire at every user count against one server with ``workers`` HTTP workers."""
+    args_ = ["--model-root", tmp, "--no-access-log", "--log-level", "WARNING",
+             "--max-batch-size", str(MAX_BATCH_SIZE), "--preload", f"{NAME}={folder}",
+             "--http-workers", str(workers)]
+    cpus = harness.SERVER_CPU if workers == 1 else ",".join(
+        str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
+    results = {}
+    with harness.serving(ServerProcess(args_, env=harness.ONE_THREAD, cpus=cpus,
+                                       cwd=harness.REPO)) as server:
+        if workers > 1:
+            _wait_for_workers(server, workers)
+        engine_pid = _engine_pid(server)
+        for wire, (url, body, headers) in wires(server.url).items():
+            harness.closed_loop(url, body, headers["Content-Type"], headers=headers,
+                                connections=8, seconds=0.5)
+            for users in USER_COUNTS:
+                r = window(server, url, body, headers, users, seconds, engine_pid)
+                if r["non_2xx"]:
+                    raise RuntimeError(f"{wire}: {r['non_2xx']} answers were not 2xx")
+                results[wire, users] = r
+                print(f"{workers:7d} {wire:10s} {users:5d} {r['rps']:8.0f} "
+                      f"{r['mean_batch']:10.1f} {r['efficiency']:10.2f} "
+                      f"{r['cpu_us_per_request']:14.0f} {r['engine_us_per_request']:14.0f}",
+                      flush=True)
+    return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2 if QUICK else 5)
+    parser.add_argument("--http-workers", default="1,2",
+                        help="HTTP worker counts to compare, comma-separated (1: one process)")
     args = parser.parse_args()
+    counts = [int(count) for count in args.http_workers.split(",")]
     with tempfile.TemporaryDirectory(prefix="device-efficiency-") as tmp:
         folder = write_model_folder(Path(tmp) / NAME, fixed_seconds=FIXED_SECONDS,
                                     per_row_seconds=PER_ROW_SECONDS, input_features=FEATURES)
-        args_ = ["--model-root", tmp, "--no-access-log", "--log-level", "WARNING",
-                 "--max-batch-size", str(MAX_BATCH_SIZE), "--preload", f"{NAME}={folder}"]
-        with harness.serving(ServerProcess(args_, env=harness.ONE_THREAD, cpus=harness.SERVER_CPU,
-                                           cwd=harness.REPO)) as server:
-            found = wires(server.url)
-            print(f"simulated device (not a real GPU): t(b) = {FIXED_SECONDS * 1e3:g} ms + "
-                  f"b x {PER_ROW_SECONDS * 1e3:.5f} ms; server on core {harness.SERVER_CPU}, "
-                  f"{harness.generator_name()} on core {harness.LOAD_CPU}, {args.seconds:g} s "
-                  "per window")
-            print(f"{'wire':10s} {'users':>5s} {'req/s':>8s} {'mean batch':>10s} "
-                  f"{'efficiency':>10s} {'server CPU us/request':>22s}")
-            for wire, (url, body, headers) in found.items():
-                harness.closed_loop(url, body, headers["Content-Type"], headers=headers,
-                                    connections=8, seconds=0.5)
-                for users in USER_COUNTS:
-                    r = window(server, url, body, headers, users, args.seconds)
-                    if r["non_2xx"]:
-                        raise RuntimeError(f"{wire}: {r['non_2xx']} answers were not 2xx")
-                    print(f"{wire:10s} {users:5d} {r['rps']:8.0f} {r['mean_batch']:10.1f} "
-                          f"{r['efficiency']:10.2f} {r['cpu_us_per_request']:22.0f}")
+        print(f"simulated device (not a real GPU): t(b) = {FIXED_SECONDS * 1e3:g} ms + "
+              f"b x {PER_ROW_SECONDS * 1e3:.5f} ms; one process on core {harness.SERVER_CPU}, "
+              f"N workers on every core; {harness.generator_name()} on core {harness.LOAD_CPU}, "
+              f"{args.seconds:g} s per window")
+        print(f"{'workers':>7s} {'wire':10s} {'users':>5s} {'req/s':>8s} {'mean batch':>10s} "
+              f"{'efficiency':>10s} {'CPU us/req':>14s} {'engine us/req':>14s}")
+        runs = {count: measure(tmp, folder, count, args.seconds) for count in counts}
+    base = runs[counts[0]]
+    for count in counts[1:]:
+        print(f"\n{count} HTTP workers ÷ {counts[0]} at 32 users, measured in this run:")
+        for wire, users in base:
+            if users != 32:
+                continue
+            one, many = base[wire, users], runs[count][wire, users]
+            worker_us = many["cpu_us_per_request"] - many["engine_us_per_request"]
+            capacity = many["mean_batch"] / (FIXED_SECONDS + many["mean_batch"] * PER_ROW_SECONDS)
+            print(f"  {wire:10s} req/s {many['rps'] / one['rps']:.2f}x, mean batch "
+                  f"{one['mean_batch']:.1f} -> {many['mean_batch']:.1f}; engine "
+                  f"{many['engine_us_per_request']:.0f} us/request, workers {worker_us:.0f}: "
+                  f"the device busy at batch {many['mean_batch']:.1f} serves "
+                  f"{capacity:,.0f} requests/s, which takes {capacity * worker_us / 1e6:.1f} "
+                  f"cores of HTTP workers and {capacity * many['engine_us_per_request'] / 1e6:.1f}"
+                  " of engine")
 
 
 if __name__ == "__main__":

@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         serve.add_argument(knob.flag, dest=knob.key, type=knob.kind, choices=knob.choices or None,
                            metavar=knob.unit.upper() or None,
                            help=f"{knob.help} ({knob.env}; default {shown}{unit})")
+    serve.add_argument("--http-workers", type=int, help="HTTP processes over one engine process "
+                       "that holds the models (MMSERVER_HTTP_WORKERS, default 1: one process)")
     serve.add_argument("--no-access-log", action="store_true", help="no line per request")
     serve.add_argument("--log-level", default="INFO")
     examples = commands.add_parser("examples", help="write the example models")
@@ -101,23 +103,22 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "port": args.port,
         "model_roots": tuple(args.model_roots) if args.model_roots else None,
         "access_log": False if args.no_access_log else None,
+        "http_workers": args.http_workers,
     }))
 
 
 def serve(args: argparse.Namespace) -> None:
     from mmserver.http.app import create_app
 
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         settings = settings_from_args(args)
     except ValueError as error:
         sys.exit(f"mmserver: {error}")
-    if settings.tune_malloc:  # before any model runs: see mmserver/allocator.py
-        keep_freed_memory_in_heap()
-    if "OMP_NUM_THREADS" not in os.environ:
-        import torch
-        torch.set_num_threads(intra_op_threads(usable_cpus(), settings.batch.instances))
+    if settings.http_workers > 1:
+        from mmserver.engine.supervisor import serve_with_workers
+
+        sys.exit(serve_with_workers(settings, args.log_level))
+    prepare_process(settings, args.log_level)
     app = create_app(settings)
     app.on_startup.append(_announce)
     try:
@@ -125,6 +126,20 @@ def serve(args: argparse.Namespace) -> None:
     except MMServerError as error:
         sys.exit(f"mmserver: cannot start: {error}")
     _exit_past_abandoned_calls()
+
+
+def prepare_process(settings: Settings, log_level: str, *, runs_models: bool = True) -> None:
+    """What a process that serves does first: its log, and, where models run, glibc's
+    allocator and torch's threads (before any model runs)."""
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(process)d %(name)s %(message)s")
+    if not runs_models:
+        return
+    if settings.tune_malloc:  # see mmserver/allocator.py
+        keep_freed_memory_in_heap()
+    if "OMP_NUM_THREADS" not in os.environ:
+        import torch
+        torch.set_num_threads(intra_op_threads(usable_cpus(), settings.batch.instances))
 
 
 def _exit_past_abandoned_calls() -> None:
@@ -160,11 +175,14 @@ def intra_op_threads(cpus: int, instances: int) -> int:
     return max(1, cpus // instances)
 
 
-def _run(app: web.Application, settings: Settings) -> None:
+def _run(app: web.Application, settings: Settings, *, reuse_port: bool = False) -> None:
+    """Serve ``app`` until SIGTERM or SIGINT; ``reuse_port`` lets other processes bind the
+    same port (the HTTP workers)."""
     web.run_app(
         app,
         host=settings.host,
         port=settings.port,
+        reuse_port=reuse_port or None,
         access_log=logging.getLogger("mmserver.access") if settings.access_log else None,
         access_log_class=AccessLog,
         shutdown_timeout=settings.shutdown_timeout_seconds,

@@ -139,6 +139,13 @@ class Settings:
     uvloop: bool = True
     #: pip-install a model's code/requirements.txt at load into a folder of its own.
     install_requirements: bool = True
+    #: HTTP processes; past 1, they serve over one engine process that holds the models.
+    http_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.http_workers < 1:
+            raise ValueError(f"MMSERVER_HTTP_WORKERS (--http-workers) must be at least 1, got "
+                             f"{self.http_workers}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -177,4 +184,5 @@ class Settings:
             tune_malloc=read_env(env, "MMSERVER_TUNE_MALLOC", boolean, True),
             uvloop=read_env(env, "MMSERVER_UVLOOP", boolean, True),
             install_requirements=read_env(env, "MMSERVER_INSTALL_REQUIREMENTS", boolean, True),
+            http_workers=read_env(env, "MMSERVER_HTTP_WORKERS", integer, 1),
         )

@@ -122,6 +122,11 @@ class InvocationTimeout(MMServerError):
     """The invocation took longer than SAGEMAKER_MODEL_SERVER_TIMEOUT."""
 
 
+class EngineUnavailable(MMServerError):
+    """With ``--http-workers``: the engine process that holds the models is gone (it stopped,
+    or died), so this worker cannot serve the request."""
+
+
 class ReplicaUnavailable(MMServerError):
     """On a Ray cluster: the replica given the request died, or could not be reached, before
     it answered; another replica can serve the model."""

@@ -41,7 +41,9 @@ def test_variables_are_read():
                                  {"MMSERVER_MAX_BATCH_SIZE": "0"},
                                  {"MMSERVER_BATCH_POLICY": "fifo"},
                                  {"MMSERVER_BATCH_SIZING": "fastest"},
-                                 {"MMSERVER_MAX_WAIT_MS": "-1"}])
+                                 {"MMSERVER_MAX_WAIT_MS": "-1"},
+                                 {"MMSERVER_HTTP_WORKERS": "0"},
+                                 {"MMSERVER_HTTP_WORKERS": "two"}])
 def test_bad_variables_are_refused_by_name(env):
     with pytest.raises(ValueError, match=next(iter(env))):
         Settings.from_env(env)
@@ -57,6 +59,9 @@ def test_flags_override_the_environment(monkeypatch):
     assert settings.port == 9000
     assert settings.model_roots == (Path("/m"),)
     assert settings.preload == (("a", "x/y"),)
+    assert settings.http_workers == 1
+    assert settings_from_args(build_parser().parse_args(
+        ["serve", "--http-workers", "3"])).http_workers == 3
 
 
 def test_model_overrides_are_checked():

@@ -47,6 +47,7 @@ STATUS_BY_ERROR: dict[type[BaseException], int] = {
     errors.QueueFull: 503,
     errors.ModelUnhealthy: 503,
     errors.ReplicaUnavailable: 503,
+    errors.EngineUnavailable: 503,
     errors.InvocationTimeout: 504,
     errors.LoadTimeout: 504,
     errors.InsufficientResources: 507,

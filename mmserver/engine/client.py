@@ -1,0 +1,143 @@
+"""An HTTP worker's :class:`~mmserver.http.service.ModelService`: the engine, over its socket.
+
+Every operation is one message to the engine and its answer (``engine``); a domain
+error raised there is raised here, so the worker answers the same status and body as
+one process would. The worker itself reads and bounds an invocation's body (the payload
+limit, 413; the body timeout, 408) before it sends it, and counts each invocation in the
+engine's metrics, so ``/metrics`` from any worker shows every worker's requests.
+
+If the engine's connection ends (the engine stopped or died), every operation waiting
+on it and every later one answers 503 (:class:`~mmserver.errors.EngineUnavailable`) at
+once; none waits for an answer that cannot come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from mmserver import errors
+from mmserver.config import Settings
+from mmserver.engine.channel import Channel, connect
+from mmserver.engine.engine import Listed
+from mmserver.http.service import Call
+from mmserver.loaded_model import ModelInfo, ModelStatus
+from mmserver.pipeline import Answer, check_payload_size, read_within
+from mmserver.wires import ToolkitHeaders, V2Headers
+
+
+class EngineService:
+    """The models of the engine process, as one HTTP worker reaches them."""
+
+    def __init__(self, settings: Settings, socket_path: str):
+        self.settings = settings
+        self.socket_path = socket_path
+        self._channel: Channel | None = None
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count()
+        self._reading: asyncio.Task | None = None
+        self._lost: str | None = None
+
+    # -- the connection ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._channel = await connect(self.socket_path)
+        self._reading = asyncio.create_task(self._read_answers())
+
+    async def close(self) -> None:
+        """On SIGTERM: wait (at most the shutdown timeout) for the engine's answers to the
+        requests this worker accepted, then disconnect."""
+        deadline = asyncio.get_running_loop().time() + self.settings.shutdown_timeout_seconds
+        while self._waiting and self._lost is None and \
+                asyncio.get_running_loop().time() < deadline:
+            await asyncio.wait(list(self._waiting.values()), timeout=0.5)
+        if self._channel is not None:
+            self._channel.close()
+        if self._reading is not None:
+            self._reading.cancel()
+
+    async def _read_answers(self) -> None:
+        try:
+            while True:
+                request_id, ok, value = await self._channel.receive()
+                waiting = self._waiting.pop(request_id, None)
+                if waiting is None or waiting.done():
+                    continue  # its client went away
+                if ok:
+                    waiting.set_result(value)
+                elif value is None:
+                    waiting.set_exception(RuntimeError("the engine failed the operation; "
+                                                       "see its log"))
+                else:
+                    waiting.set_exception(value)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self._lost = "the engine process that holds the models ended"
+            for waiting in self._waiting.values():
+                if not waiting.done():
+                    waiting.set_exception(errors.EngineUnavailable(self._lost))
+            self._waiting.clear()
+
+    async def _ask(self, operation: str, *arguments: Any) -> Any:
+        if self._lost is not None:
+            raise errors.EngineUnavailable(self._lost)
+        request_id = next(self._ids)
+        waiting = self._waiting[request_id] = asyncio.get_running_loop().create_future()
+        try:
+            self._channel.send((request_id, operation, arguments))
+            return await waiting
+        finally:
+            self._waiting.pop(request_id, None)
+
+    def count_invocation(self, name: str, status: int, seconds: float) -> None:
+        """One invocation answered by this worker, into the engine's metrics."""
+        if self._lost is None and self._channel is not None:
+            self._channel.send(("count", name, status, seconds))
+
+    # -- the ModelService's operations ---------------------------------------------------------
+
+    async def load(self, name: str, url: str) -> Listed:
+        return await self._ask("load", name, url)
+
+    async def page(self, limit: int | None, next_page_token: str | None
+                   ) -> tuple[Sequence[Listed], str | None]:
+        return await self._ask("page", limit, next_page_token)
+
+    async def describe(self, name: str) -> dict[str, object]:
+        return await self._ask("describe", name)
+
+    async def unload(self, name: str) -> None:
+        await self._ask("unload", name)
+
+    async def invoke(self, name: str, headers: ToolkitHeaders | V2Headers, call: Call
+                     ) -> Answer:
+        settings = self.settings
+        limit = settings.max_payload_bytes
+        if call.content_length is not None:
+            check_payload_size(call.content_length, limit)
+        reading = call.read_body(limit)
+        body = await (reading if call.body_arrived
+                      else read_within(reading, settings.body_timeout_seconds))
+        return await self._ask("invoke", name, headers, body)
+
+    async def status(self, name: str) -> ModelStatus:
+        return await self._ask("status", name)
+
+    async def model_metadata(self, name: str) -> dict[str, object]:
+        return await self._ask("model_metadata", name)
+
+    async def model_config(self, name: str) -> dict[str, object]:
+        return await self._ask("model_config", name)
+
+    async def model_statistics(self, name: str | None) -> list[dict[str, object]]:
+        return await self._ask("model_statistics", name)
+
+    async def index(self) -> list[ModelInfo]:
+        return await self._ask("index")
+
+    async def load_folder(self, name: str) -> None:
+        await self._ask("load_folder", name)
+
+    async def exposition(self) -> bytes:
+        return await self._ask("exposition")

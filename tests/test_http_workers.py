@@ -1,0 +1,263 @@
+"""``mmserver serve --http-workers 2``: two HTTP processes over one engine, as real processes.
+
+One server for the module: each request on a fresh connection, so the kernel
+(``SO_REUSEPORT``) spreads them over both workers, and every answer names its worker.
+The tests check what a user relies on: a batch fills from both workers' requests, each
+request runs exactly once, management answers the same through either worker, user code
+runs in the one engine, ``/metrics`` counts every worker's requests, and SIGTERM (or the
+engine's death) leaves no process and no socket behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import running_server, write_code, write_torchscript
+from helpers import assert_error, wait_until
+
+from mmserver.http.app import WORKER_HEADER
+
+pytestmark = pytest.mark.slow
+
+WORKERS = 2
+#: Logs each batch's first column (a request's tag) and takes 20 ms, so batches form.
+RECORDER_CODE = """
+    import json, os, time, torch
+
+    MMSERVER_ROW_WISE = True
+    LOG = None
+
+    def model_fn(model_dir):
+        global LOG
+        LOG = os.path.join(model_dir, "batches.jsonl")
+        return torch.jit.load(os.path.join(model_dir, "model.pt"))
+
+    def predict_fn(data, model):
+        time.sleep(0.02)
+        with open(LOG, "a") as log:
+            log.write(json.dumps(data[:, 0].tolist()) + "\\n")
+        return model(data)
+"""
+#: The toolkit's input_fn/output_fn, answering which process ran them.
+WHERE_CODE = """
+    import json, os, torch
+
+    def model_fn(model_dir):
+        return None
+
+    def input_fn(body, content_type):
+        return torch.tensor(json.loads(body)) * 10
+
+    def predict_fn(data, model):
+        return data
+
+    def output_fn(prediction, accept):
+        return json.dumps({"rows": prediction.tolist(), "pid": os.getpid()})
+"""
+SLOW_CODE = """
+    import time
+
+    def model_fn(model_dir):
+        return None
+
+    def predict_fn(data, model):
+        time.sleep(1.0)
+        return data
+"""
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("worker-models")
+    write_torchscript(root / "affine")
+    write_code(root / "recorder", RECORDER_CODE, with_affine=True)
+    write_code(root / "where", WHERE_CODE)
+    write_code(root / "slow", SLOW_CODE)
+    return root
+
+
+def started_workers(root: Path, *args: str):
+    """A server with :data:`WORKERS` HTTP workers, once every worker answers: ``/ping`` answers
+    as soon as the first listens, and the others start (import torch) a few seconds apart."""
+    server = running_server(["--model-root", str(root), "--no-access-log",
+                             "--http-workers", str(WORKERS), *args])
+    answered = set()
+
+    def every_worker_answered() -> bool:
+        answered.add(server.request("GET", "/ping")[1].get(WORKER_HEADER))
+        return answered == {str(i) for i in range(WORKERS)}
+
+    assert wait_until(every_worker_answered, 60), answered
+    return server
+
+
+@pytest.fixture(scope="module")
+def server(root):
+    with started_workers(root, "--max-wait-ms", "30") as server:
+        yield server
+
+
+def _post(server, name: str, rows) -> tuple[int, str | None, object]:
+    status, headers, raw = server.request("POST", f"/models/{name}/invoke", json.dumps(rows),
+                                          {"Content-Type": "application/json"})
+    return status, headers.get(WORKER_HEADER), json.loads(raw)
+
+
+def test_a_batch_fills_from_both_workers_and_each_request_runs_once(server, root):
+    assert server.load("recorder", "recorder")[0] == 200
+    tags = list(range(1, 49))
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda tag: _post(server, "recorder", [[float(tag), 0, 0]]),
+                                tags))
+    assert [(status, body) for status, _, body in answers] == [
+        (200, [[2.0 * tag + 1, 1.0, 1.0]]) for tag in tags]
+    worker_of = {tag: worker for tag, (_, worker, _) in zip(tags, answers)}
+    assert set(worker_of.values()) == {str(i) for i in range(WORKERS)}
+    batches = [json.loads(line) for line in
+               (root / "recorder" / "batches.jsonl").read_text().splitlines()]
+    assert sorted(int(tag) for batch in batches for tag in batch) == tags  # once each
+    mixed = [batch for batch in batches if len({worker_of[int(tag)] for tag in batch}) > 1]
+    print(f"{len(tags)} requests through {WORKERS} workers: {len(batches)} batches, "
+          f"{len(mixed)} of them holding requests of both workers")
+    assert mixed, batches
+    assert server.unload("recorder")[0] == 200
+
+
+def test_management_answers_the_same_through_every_worker(server):
+    assert server.load("affine", "affine")[0] == 200
+    seen = collections.defaultdict(set)
+    for _ in range(24):  # fresh connections: both workers answer (all on one: 2**-23)
+        status, headers, raw = server.request("GET", "/models/affine")
+        seen[headers[WORKER_HEADER]].add((status, json.loads(raw)["status"]))
+    assert seen == {str(i): {(200, "ready")} for i in range(WORKERS)}
+    for _ in range(4):
+        assert_error(server.load("affine", "affine"), 409, "ModelAlreadyLoaded")
+        assert_error(server.json("GET", "/models/nothing"), 404, "ModelNotFound")
+    assert server.json("GET", "/models")[1] == {
+        "models": [{"modelName": "affine", "modelUrl": "affine"}]}
+    answers = [_post(server, "affine", [[1.0, 2.0, 3.0]]) for _ in range(10)]
+    assert {(status, json.dumps(body)) for status, _, body in answers} == {
+        (200, "[[3.0, 5.0, 7.0]]")}
+    counted = re.compile(r'^mmserver_requests_total\{model="affine",status="200"\} (\S+)$', re.M)
+
+    def affine_count() -> float:
+        match = counted.search(server.request("GET", "/metrics")[2].decode())
+        return float(match.group(1)) if match else 0.0
+
+    assert wait_until(lambda: affine_count() == 10.0, 10), affine_count()
+    assert server.unload("affine")[0] == 200
+    for _ in range(4):
+        assert_error(server.json("GET", "/models/affine"), 404, "ModelNotFound")
+
+
+def test_user_code_runs_in_the_one_engine(server):
+    assert server.load("where", "where")[0] == 200
+    answers = [_post(server, "where", [[1.0, 2.0]]) for _ in range(16)]
+    assert {status for status, _, _ in answers} == {200}
+    assert all(body["rows"] == [[10.0, 20.0]] for _, _, body in answers)
+    assert len({worker for _, worker, _ in answers}) == WORKERS
+    pids = {body["pid"] for _, _, body in answers}
+    assert len(pids) == 1 and pids != {server.process.pid}
+    assert server.unload("where")[0] == 200
+
+
+def test_v2_inference_through_the_workers(server):
+    triton = pytest.importorskip("tritonclient.http")
+    import numpy as np
+
+    client = triton.InferenceServerClient(server.url.removeprefix("http://"))
+    client.load_model("affine")
+    try:
+        x = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
+        for binary in (False, True):
+            tensor = triton.InferInput("INPUT__0", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x, binary_data=binary)
+            np.testing.assert_array_equal(client.infer("affine", [tensor]).as_numpy(
+                "OUTPUT__0"), [[3.0, 5.0, 7.0]])
+        [stats] = client.get_inference_statistics("affine")["model_stats"]
+        assert stats["inference_stats"]["success"]["count"] == 2
+    finally:
+        client.unload_model("affine")
+
+
+# -- the processes' lives ---------------------------------------------------------------
+
+
+def _descendants(pid: int) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            children = (task / "children").read_text().split() if (task / "children").exists() \
+                else []
+            for child in map(int, children):
+                if child not in found:
+                    found.add(child)
+                    todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/stat")
+    return not (status.exists() and status.read_text().split(") ")[1].startswith("Z"))
+
+
+def _engine_folders() -> set[str]:
+    return {path.name for path in Path(tempfile.gettempdir()).glob("mmserver-engine-*")}
+
+
+def test_sigterm_answers_accepted_requests_and_leaves_nothing_behind(root):
+    folders_before = _engine_folders()
+    with started_workers(root) as server:
+        children = _descendants(server.process.pid)
+        assert len(children) >= WORKERS + 1  # the engine, the workers (and Python's tracker)
+        assert len(_engine_folders() - folders_before) == 1
+        assert server.load("slow", "slow")[0] == 200
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            pending = [pool.submit(_post, server, "slow", [[float(i)]]) for i in range(4)]
+            assert wait_until(lambda: server.json("GET", "/models/slow")[1]["stats"]
+                              ["requestsInFlight"] == 4, 10)
+            started = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            assert [future.result(timeout=30)[::2] for future in pending] == [
+                (200, [[float(i)]]) for i in range(4)]
+            assert server.process.wait(25) == 0
+            print(f"SIGTERM to exit with 4 requests in flight: {time.monotonic() - started:.1f} s")
+    assert wait_until(lambda: not any(_alive(pid) for pid in children), 10)
+    assert _engine_folders() == folders_before
+
+
+def test_the_engines_death_is_an_error_at_once_and_ends_the_server(root):
+    with started_workers(root) as server:
+        match = re.search(r"over one engine \(pid (\d+)\)", server.log())
+        assert match, server.log()
+        engine = int(match.group(1))
+        children = _descendants(server.process.pid)
+        assert engine in children
+        assert server.load("slow", "slow")[0] == 200
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            pending = pool.submit(_post, server, "slow", [[1.0]])
+            assert wait_until(lambda: server.json("GET", "/models/slow")[1]["stats"]
+                              ["requestsInFlight"] == 1, 10)
+            started = time.monotonic()
+            os.kill(engine, signal.SIGKILL)
+            status, _, body = pending.result(timeout=10)
+            assert (status, body["type"]) == (503, "EngineUnavailable")
+            assert "engine process" in body["message"]
+            assert time.monotonic() - started < 5
+        assert server.process.wait(30) == 1
+    assert wait_until(lambda: not any(_alive(pid) for pid in children), 10)
