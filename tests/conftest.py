@@ -55,6 +55,26 @@ def write_code(model_dir: Path, source: str, *, with_affine: bool = False) -> Pa
     return model_dir
 
 
+#: A row-wise model that logs each batch's first column (a request's tag) to
+#: ``batches.jsonl`` in its folder, 20 ms a call, so tests can see which requests shared a batch.
+RECORDER_CODE = """
+    import json, os, time, torch
+
+    MMSERVER_ROW_WISE = True
+    LOG = None
+
+    def model_fn(model_dir):
+        global LOG
+        LOG = os.path.join(model_dir, "batches.jsonl")
+        return torch.jit.load(os.path.join(model_dir, "model.pt"))
+
+    def predict_fn(data, model):
+        time.sleep(0.02)
+        with open(LOG, "a") as log:
+            log.write(json.dumps(data[:, 0].tolist()) + "\\n")
+        return model(data)
+"""
+
 SLOW_CODE = """
     import time, torch
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import running_server, write_code, write_torchscript
+from conftest import RECORDER_CODE, running_server, write_code, write_torchscript
 from helpers import assert_error, wait_until
 
 from mmserver.http.app import WORKER_HEADER
@@ -30,24 +30,6 @@ from mmserver.http.app import WORKER_HEADER
 pytestmark = pytest.mark.slow
 
 WORKERS = 2
-#: Logs each batch's first column (a request's tag) and takes 20 ms, so batches form.
-RECORDER_CODE = """
-    import json, os, time, torch
-
-    MMSERVER_ROW_WISE = True
-    LOG = None
-
-    def model_fn(model_dir):
-        global LOG
-        LOG = os.path.join(model_dir, "batches.jsonl")
-        return torch.jit.load(os.path.join(model_dir, "model.pt"))
-
-    def predict_fn(data, model):
-        time.sleep(0.02)
-        with open(LOG, "a") as log:
-            log.write(json.dumps(data[:, 0].tolist()) + "\\n")
-        return model(data)
-"""
 #: The toolkit's input_fn/output_fn, answering which process ran them.
 WHERE_CODE = """
     import json, os, torch
@@ -64,7 +46,7 @@ WHERE_CODE = """
     def output_fn(prediction, accept):
         return json.dumps({"rows": prediction.tolist(), "pid": os.getpid()})
 """
-SLOW_CODE = """
+ONE_SECOND_CODE = """
     import time
 
     def model_fn(model_dir):
@@ -82,7 +64,7 @@ def root(tmp_path_factory) -> Path:
     write_torchscript(root / "affine")
     write_code(root / "recorder", RECORDER_CODE, with_affine=True)
     write_code(root / "where", WHERE_CODE)
-    write_code(root / "slow", SLOW_CODE)
+    write_code(root / "slow", ONE_SECOND_CODE)
     return root
 
 

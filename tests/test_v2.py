@@ -29,7 +29,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, SLOW_CODE, running_server, write_code, write_torchscript
+from conftest import (
+    RECORDER_CODE,
+    ROOT,
+    SLOW_CODE,
+    running_server,
+    write_code,
+    write_torchscript,
+)
 from helpers import assert_error, wait_for_in_flight
 
 from mmserver.harness.examples import write_examples
@@ -67,23 +74,6 @@ LINEAR_DECLARATION = {
     "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}],
 }
 
-RECORDER_CODE = """
-    import json, os, time, torch
-
-    MMSERVER_ROW_WISE = True
-    LOG = None
-
-    def model_fn(model_dir):
-        global LOG
-        LOG = os.path.join(model_dir, "batches.jsonl")
-        return torch.jit.load(os.path.join(model_dir, "model.pt"))
-
-    def predict_fn(data, model):
-        time.sleep(0.02)
-        with open(LOG, "a") as log:
-            log.write(json.dumps(data[:, 0].tolist()) + "\\n")
-        return model(data)
-"""
 
 ONE_REQUEST_CODE = """
     import json, torch
