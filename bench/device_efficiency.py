@@ -54,7 +54,9 @@ from mmserver.harness.testing import (  # noqa: E402
     http_request,
     sample_value,
     scrape_metrics,
+    wait_for_http_workers,
 )
+from mmserver.http.app import WORKER_HEADER  # noqa: E402
 
 QUICK = os.environ.get("MMSERVER_QUICK") == "1"
 FIXED_SECONDS = 0.001
@@ -122,16 +124,6 @@ def _engine_pid(server: ServerProcess) -> int:
     return int(match.group(1)) if match else server.process.pid
 
 
-def _wait_for_workers(server: ServerProcess, workers: int) -> None:
-    """Until every HTTP worker has answered (``/ping`` answers once the first listens)."""
-    seen: set[str | None] = set()
-    deadline = time.monotonic() + 60
-    while len(seen) < workers and time.monotonic() < deadline:
-        seen.add(http_request(server.url, "GET", "/ping")[1].get("X-Mmserver-Worker"))
-    if len(seen) < workers:
-        raise RuntimeError(f"only workers {sorted(map(str, seen))} of {workers} answered")
-
-
 def measure(tmp: str, folder: Path, workers: int, seconds: float) -> dict[tuple[str, int], dict]:
     """Every wire at every user count against one server with ``workers`` HTTP workers."""
     args_ = ["--model-root", tmp, "--no-access-log", "--log-level", "WARNING",
@@ -143,7 +135,7 @@ def measure(tmp: str, folder: Path, workers: int, seconds: float) -> dict[tuple[
     with harness.serving(ServerProcess(args_, env=harness.ONE_THREAD, cpus=cpus,
                                        cwd=harness.REPO)) as server:
         if workers > 1:
-            _wait_for_workers(server, workers)
+            wait_for_http_workers(server.url, workers, WORKER_HEADER)
         engine_pid = _engine_pid(server)
         for wire, (url, body, headers) in wires(server.url).items():
             harness.closed_loop(url, body, headers["Content-Type"], headers=headers,

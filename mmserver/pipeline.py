@@ -140,10 +140,7 @@ class InvocationPipeline:
             check_payload_size(invocation.content_length, settings.max_payload_bytes)
         runner.check_admission()
         wire.admit()
-        if invocation.body_arrived:
-            body = await invocation.read_body(settings.max_payload_bytes)
-        else:
-            body = await self._read_body(invocation)
+        body = await read_whole_body(invocation.read_body, invocation.body_arrived, settings)
         # One deadline for the rest, checked by the runner's own timer and by the awaits on
         # worker threads: cheaper per request than a timeout context around it all.
         deadline = asyncio.get_running_loop().time() + settings.model_server_timeout_seconds
@@ -172,9 +169,14 @@ class InvocationPipeline:
                 f"{settings.model_server_timeout_seconds:g} s "
                 "(SAGEMAKER_MODEL_SERVER_TIMEOUT)") from None
 
-    async def _read_body(self, invocation: Invocation) -> bytes:
-        return await read_within(invocation.read_body(self.settings.max_payload_bytes),
-                                 self.settings.body_timeout_seconds)
+
+def read_whole_body(read_body: Callable[[int], Awaitable[bytes]], body_arrived: bool,
+                    settings: Settings) -> Awaitable[bytes]:
+    """A body read within the payload limit (413) and, unless it has already arrived (the
+    common small request, no timeout needed), within the body timeout (408). Not a
+    coroutine itself, so a buffered body costs no extra frame on the hot path."""
+    reading = read_body(settings.max_payload_bytes)
+    return reading if body_arrived else read_within(reading, settings.body_timeout_seconds)
 
 
 async def read_within(reading: Awaitable[bytes], timeout: float) -> bytes:

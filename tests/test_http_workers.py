@@ -20,11 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import RECORDER_CODE, running_server, write_code, write_torchscript
 from helpers import assert_error, wait_until
 
+from mmserver.harness.testing import wait_for_http_workers
 from mmserver.http.app import WORKER_HEADER
 
 pytestmark = pytest.mark.slow
@@ -73,13 +75,7 @@ def started_workers(root: Path, *args: str):
     as soon as the first listens, and the others start (import torch) a few seconds apart."""
     server = running_server(["--model-root", str(root), "--no-access-log",
                              "--http-workers", str(WORKERS), *args])
-    answered = set()
-
-    def every_worker_answered() -> bool:
-        answered.add(server.request("GET", "/ping")[1].get(WORKER_HEADER))
-        return answered == {str(i) for i in range(WORKERS)}
-
-    assert wait_until(every_worker_answered, 60), answered
+    wait_for_http_workers(server.url, WORKERS, WORKER_HEADER)
     return server
 
 
@@ -176,26 +172,15 @@ def test_v2_inference_through_the_workers(server):
 
 
 def _descendants(pid: int) -> set[int]:
-    found, todo = set(), [pid]
-    while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            children = (task / "children").read_text().split() if (task / "children").exists() \
-                else []
-            for child in map(int, children):
-                if child not in found:
-                    found.add(child)
-                    todo.append(child)
-    return found
+    return {child.pid for child in psutil.Process(pid).children(recursive=True)}
 
 
 def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    status = Path(f"/proc/{pid}/stat")
-    return not (status.exists() and status.read_text().split(") ")[1].startswith("Z"))
 
 
 def _engine_folders() -> set[str]:

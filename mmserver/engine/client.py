@@ -24,7 +24,7 @@ from mmserver.engine.channel import Channel, connect
 from mmserver.engine.engine import Listed
 from mmserver.http.service import Call
 from mmserver.loaded_model import ModelInfo, ModelStatus
-from mmserver.pipeline import Answer, check_payload_size, read_within
+from mmserver.pipeline import Answer, check_payload_size, read_whole_body
 from mmserver.wires import ToolkitHeaders, V2Headers
 
 
@@ -112,13 +112,9 @@ class EngineService:
 
     async def invoke(self, name: str, headers: ToolkitHeaders | V2Headers, call: Call
                      ) -> Answer:
-        settings = self.settings
-        limit = settings.max_payload_bytes
         if call.content_length is not None:
-            check_payload_size(call.content_length, limit)
-        reading = call.read_body(limit)
-        body = await (reading if call.body_arrived
-                      else read_within(reading, settings.body_timeout_seconds))
+            check_payload_size(call.content_length, self.settings.max_payload_bytes)
+        body = await read_whole_body(call.read_body, call.body_arrived, self.settings)
         return await self._ask("invoke", name, headers, body)
 
     async def status(self, name: str) -> ModelStatus:

@@ -84,6 +84,22 @@ def http_request(base_url: str, method: str, path: str, body: bytes | str | None
         connection.close()
 
 
+def wait_for_http_workers(base_url: str, workers: int, worker_header: str,
+                          timeout: float = 60) -> None:
+    """Return once each of ``workers`` HTTP workers (``--http-workers``) has answered
+    ``/ping``, naming itself in ``worker_header`` (``mmserver.http.app.WORKER_HEADER``): the
+    port answers as soon as the first worker listens, and the others start (import torch)
+    seconds apart. Each ping is a fresh connection, which the kernel gives to any worker."""
+    answered: set[str | None] = set()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        answered.add(http_request(base_url, "GET", "/ping")[1].get(worker_header))
+        if len(answered - {None}) >= workers:
+            return
+    raise TimeoutError(f"only workers {sorted(map(str, answered))} of {workers} answered "
+                       f"within {timeout:g} s")
+
+
 def wait_for_ping(base_url: str, timeout: float = 120, process: subprocess.Popen | None = None,
                   *, log: Callable[[], str] | None = None) -> None:
     """Return once ``GET /ping`` answers 200.

@@ -136,10 +136,8 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
 
 
 def _response(reply: Reply) -> web.Response:
-    headers = dict(reply.headers) if reply.headers else {}
-    if reply.content_type is not None:
-        headers[hdrs.CONTENT_TYPE] = reply.content_type
-    return web.Response(status=reply.status, body=reply.body or None, headers=headers)
+    return web.Response(status=reply.status, body=reply.body or None,
+                        headers=reply.all_headers())
 
 
 def _error_response(answer: ErrorAnswer) -> web.Response:

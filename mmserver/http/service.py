@@ -61,6 +61,13 @@ class Reply:
     def json(cls, value: object) -> Reply:
         return cls(json.dumps(value).encode(), JSON_TYPE)
 
+    def all_headers(self) -> dict[str, str]:
+        """The headers to send, ``Content-Type`` among them when there is one."""
+        headers = dict(self.headers) if self.headers else {}
+        if self.content_type is not None:
+            headers["Content-Type"] = self.content_type
+        return headers
+
     @classmethod
     def of(cls, answer: Answer) -> Reply:
         """An invocation's answer, as the model's wire encoded it."""

@@ -54,6 +54,10 @@ PLATFORMS = {SCRIPT: "python", TORCHSCRIPT: "pytorch_torchscript", EXPORTED: "py
 #: What Triton names each kind of model folder's runtime.
 BACKENDS = {SCRIPT: "python", TORCHSCRIPT: "pytorch", EXPORTED: "pytorch"}
 _NS = 1e9
+#: Triton's durations of a model's ``inference_stats``, in its order (the ones mmserver does
+#: not time are zero).
+INFERENCE_DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer",
+                       "compute_output", "cache_hit", "cache_miss")
 
 
 def data_type(datatype: str) -> str:
@@ -117,22 +121,20 @@ def model_stats(model: LoadedModel) -> dict[str, Any]:
     """Triton's statistics of ``model`` since it was loaded (module docstring)."""
     stats = model.runner.stats
     batched = stats.requests_batched
+    durations = {
+        "success": _duration(stats.requests_completed, stats.completed_seconds_total),
+        "fail": _duration(stats.requests_failed_in_calls, stats.failed_seconds_total),
+        "queue": _duration(batched, stats.queue_seconds_total),
+        "compute_infer": _duration(batched, stats.request_compute_seconds_total),
+    }
     return {
         "name": model.name,
         "version": VERSION,
         "last_inference": round(stats.last_batch_unix * 1000),
         "inference_count": stats.rows,
         "execution_count": stats.batches,
-        "inference_stats": {
-            "success": _duration(stats.requests_completed, stats.completed_seconds_total),
-            "fail": _duration(stats.requests_failed_in_calls, stats.failed_seconds_total),
-            "queue": _duration(batched, stats.queue_seconds_total),
-            "compute_input": _duration(0, 0.0),
-            "compute_infer": _duration(batched, stats.request_compute_seconds_total),
-            "compute_output": _duration(0, 0.0),
-            "cache_hit": _duration(0, 0.0),
-            "cache_miss": _duration(0, 0.0),
-        },
+        "inference_stats": {key: durations.get(key, _duration(0, 0.0))
+                            for key in INFERENCE_DURATIONS},
         "batch_stats": [
             {"batch_size": size, "compute_input": _duration(0, 0.0),
              "compute_infer": _duration(count, stats.batch_size_compute_seconds[size]),

@@ -133,10 +133,7 @@ def _content_length(request: Request) -> int | None:
 
 
 def _response(reply: Reply) -> Response:
-    headers = dict(reply.headers) if reply.headers else {}
-    if reply.content_type is not None:
-        headers["content-type"] = reply.content_type
-    return Response(reply.body, status_code=reply.status, headers=headers)
+    return Response(reply.body, status_code=reply.status, headers=reply.all_headers())
 
 
 def _json(answer: ErrorAnswer) -> Response:

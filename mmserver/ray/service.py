@@ -41,6 +41,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from mmserver import errors
 from mmserver.config import Settings
 from mmserver.http import answers
+from mmserver.http.triton import INFERENCE_DURATIONS
 from mmserver.http.service import Call
 from mmserver.loaded_model import ModelInfo, ModelStatus
 from mmserver.model_roots import ModelRoots
@@ -195,15 +196,7 @@ class ClusterService:
         await self.load(name, name)
 
     async def exposition(self) -> bytes:
-        timeout = self.settings.model_server_timeout_seconds + CALL_MARGIN_SECONDS
-        try:
-            results = await self.hosts.broadcast("exposition").results_async(
-                timeout_s=timeout, return_exceptions=True)
-        except TimeoutError:
-            raise errors.ReplicaUnavailable(
-                f"not every replica answered for /metrics within {timeout:g} s; retry") from None
-        return labelled_by_replica([result for result in results
-                                    if not isinstance(result, BaseException)])
+        return labelled_by_replica(await self._broadcast("exposition"))
 
     # -- calls to the other deployments -------------------------------------------------
 
@@ -224,16 +217,16 @@ class ClusterService:
     async def _release(self, name: str, token: int) -> None:
         await self._registry(self.registrations.release.remote(name, token))
 
-    async def _broadcast(self, method: str, name: str | None) -> list[Any]:
-        """``method(name)``'s answers from every model host; a replica that failed (it died,
-        say) is logged and left out."""
+    async def _broadcast(self, method: str, *arguments: Any) -> list[Any]:
+        """``method(*arguments)``'s answers from every model host; a replica that failed (it
+        died, say) is logged and left out."""
         timeout = self.settings.model_server_timeout_seconds + CALL_MARGIN_SECONDS
         try:
-            results = await self.hosts.broadcast(method, name).results_async(
+            results = await self.hosts.broadcast(method, *arguments).results_async(
                 timeout_s=timeout, return_exceptions=True)
         except TimeoutError:
             raise errors.ReplicaUnavailable(
-                f"not every replica answered {method} of model {name!r} within {timeout:g} s; "
+                f"not every replica answered {method}{arguments!r} within {timeout:g} s; "
                 "retry") from None
         replies = []
         for result in results:
@@ -242,7 +235,7 @@ class ClusterService:
                     raise result
                 replies.append(unwrapped(result))
             except Exception as error:  # noqa: BLE001 - one replica's failure is not the answer
-                log.warning("model=%s: a replica failed %s: %s", name, method, error)
+                log.warning("a replica failed %s%r: %s", method, arguments, error)
         return replies
 
 
@@ -281,9 +274,8 @@ def summed_statistics(name: str, per_replica: list[dict[str, Any]]) -> dict[str,
             _add_durations(summed, {k: v for k, v in entry.items() if k != "batch_size"})
     total["batch_stats"] = [batches[size] for size in sorted(batches)]
     if not per_replica:  # held by no replica now: every duration of Triton's, at zero
-        _add_durations(total["inference_stats"], {key: {"count": 0, "ns": 0} for key in (
-            "success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
-            "cache_hit", "cache_miss")})
+        _add_durations(total["inference_stats"], {key: {"count": 0, "ns": 0}
+                                                  for key in INFERENCE_DURATIONS})
     return total
 
 
