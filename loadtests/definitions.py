@@ -196,13 +196,13 @@ def capacity_rps(answered: int, window_s: float, *, shed: int, mean_batch_rows: 
 
 
 def full_queue_wait_s(max_queue_size: int, max_batch_size: int, drain_rps: float) -> float:
-    """The queue bound: ``(Q + B) / X``, what a request admitted into a full queue waits.
+    """The queue bound: ``(Q + B) / X``, the most a request admitted into a full queue waits.
 
     ``Q`` is the server's ``max_queue_size``, ``B`` its ``max_batch_size`` (the batch in flight
     when the request is admitted), ``X`` the requests/s the server answers while the queue stays
     full (``drain_rps``). Admitted at the back of a full queue just after a batch left it, a
     request waits for that batch, then for the ``Q/B`` batches the queue holds (its own among
-    them). Under overload ``X`` is the accepted throughput while shedding, which is less than
+    them); admitted as that batch ends, only for those, ``Q / X``: the least it waits. Under overload ``X`` is the accepted throughput while shedding, which is less than
     ``capacity_rps`` (the 503s take core time): divided by the capacity, the bound is a
     prediction made before the overload, and too short by shedding's cost. HTTP work before and
     after the queue, and batches slower than the average, come on top.
