@@ -86,16 +86,20 @@ class LoadTimeout(MMServerError):
 # -- running a model ----------------------------------------------------------------
 
 
-class QueueFull(MMServerError):
-    """The model's queue holds ``max_queue_size`` requests; come back later."""
+class RetryLater(MMServerError):
+    """Refused for now: the answer says when to try again (``Retry-After``)."""
 
-    def __init__(self, message: str, retry_after_seconds: float):
+    def __init__(self, message: str, retry_after_seconds: float = 1.0):
         super().__init__(message)
         self.retry_after_seconds = retry_after_seconds
 
     def __reduce__(self):
-        # Errors cross processes on a Ray cluster; the default pickles only the message.
+        # Errors cross processes; the default pickles only the message.
         return type(self), (str(self), self.retry_after_seconds)
+
+
+class QueueFull(RetryLater):
+    """The model's queue holds ``max_queue_size`` requests; come back later."""
 
 
 class RunnerClosed(MMServerError):
@@ -122,21 +126,15 @@ class InvocationTimeout(MMServerError):
     """The invocation took longer than SAGEMAKER_MODEL_SERVER_TIMEOUT."""
 
 
-class EngineUnavailable(MMServerError):
+class EngineUnavailable(RetryLater):
     """With ``--http-workers``: the engine process that holds the models is gone (it stopped,
-    or died), so this worker cannot serve the request."""
+    or died, and another is loading the models again), so this worker cannot serve the
+    request now."""
 
 
-class ReplicaUnavailable(MMServerError):
+class ReplicaUnavailable(RetryLater):
     """On a Ray cluster: the replica given the request died, or could not be reached, before
     it answered; another replica can serve the model."""
-
-    def __init__(self, message: str, retry_after_seconds: float = 1.0):
-        super().__init__(message)
-        self.retry_after_seconds = retry_after_seconds
-
-    def __reduce__(self):
-        return type(self), (str(self), self.retry_after_seconds)
 
 
 #: Longest error message handed back to a client; the full one stays in the exception chain.

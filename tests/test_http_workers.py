@@ -4,8 +4,11 @@ One server for the module: each request on a fresh connection, so the kernel
 (``SO_REUSEPORT``) spreads them over both workers, and every answer names its worker.
 The tests check what a user relies on: a batch fills from both workers' requests, each
 request runs exactly once, management answers the same through either worker, user code
-runs in the one engine, ``/metrics`` counts every worker's requests, and SIGTERM (or the
-engine's death) leaves no process and no socket behind.
+runs in the one engine, ``/metrics`` counts every worker's requests, and SIGTERM leaves
+no process and no socket behind. When the engine dies (SIGKILL, a segfault in a model's
+code, a model that segfaults as it loads), the requests it held are answered 503 at once,
+the server keeps running, and a new engine serves the models again, without the one that
+killed it while loading.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import concurrent.futures
 import json
 import os
 import re
+import shutil
 import signal
 import tempfile
 import time
@@ -48,6 +52,31 @@ WHERE_CODE = """
     def output_fn(prediction, accept):
         return json.dumps({"rows": prediction.tolist(), "pid": os.getpid()})
 """
+#: A real segfault (a read of address 0) when a request's first number is negative.
+SEGFAULT_CODE = """
+    import ctypes, time
+
+    def model_fn(model_dir):
+        return None
+
+    def predict_fn(data, model):
+        if float(data.flatten()[0]) < 0:
+            ctypes.string_at(0)
+        time.sleep(0.2)
+        return data
+"""
+#: Loads, unless its folder holds a file ``crash-on-load``: then the load segfaults.
+LOAD_KILLER_CODE = """
+    import ctypes, os
+
+    def model_fn(model_dir):
+        if os.path.exists(os.path.join(model_dir, "crash-on-load")):
+            ctypes.string_at(0)
+        return None
+
+    def predict_fn(data, model):
+        return data
+"""
 ONE_SECOND_CODE = """
     import time
 
@@ -67,6 +96,9 @@ def root(tmp_path_factory) -> Path:
     write_code(root / "recorder", RECORDER_CODE, with_affine=True)
     write_code(root / "where", WHERE_CODE)
     write_code(root / "slow", ONE_SECOND_CODE)
+    write_code(root / "segfault", SEGFAULT_CODE)
+    write_code(root / "killer", LOAD_KILLER_CODE)
+    write_code(root / "fragile", LOAD_KILLER_CODE)
     return root
 
 
@@ -208,23 +240,150 @@ def test_sigterm_answers_accepted_requests_and_leaves_nothing_behind(root):
     assert _engine_folders() == folders_before
 
 
-def test_the_engines_death_is_an_error_at_once_and_ends_the_server(root):
+# -- the engine's death ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def crashing(root):
+    """A server whose engine the tests kill, with a model that stays loaded throughout."""
     with started_workers(root) as server:
-        match = re.search(r"over one engine \(pid (\d+)\)", server.log())
-        assert match, server.log()
-        engine = int(match.group(1))
+        assert server.load("affine", "affine")[0] == 200
+        yield server
+
+
+def _engine(server) -> dict[str, int]:
+    """The engine serving ``affine`` (its pid, the engines that died before it), once one
+    does."""
+    found = {}
+
+    def serving() -> bool:
+        status, body = server.json("GET", "/models/affine")
+        if status == 200:
+            found.update(body["engine"])
+        return status == 200
+
+    assert wait_until(serving, 60), server.log()
+    return found
+
+
+def _restarts_metric(server) -> float:
+    raw = server.request("GET", "/metrics")[2].decode()
+    return float(re.search(r"^mmserver_engine_restarts_total (\S+)$", raw, re.M).group(1))
+
+
+def _affine_serves(server) -> None:
+    assert _post(server, "affine", [[1.0, 2.0, 3.0]])[::2] == (200, [[3.0, 5.0, 7.0]])
+
+
+def test_a_killed_engine_fails_its_requests_at_once_and_a_new_one_serves_the_same_models(
+        crashing):
+    server = crashing
+    before = _engine(server)
+    assert server.load("slow", "slow")[0] == 200
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        pending = pool.submit(server.request, "POST", "/models/slow/invoke", "[[1.0]]",
+                              {"Content-Type": "application/json"})
+        assert wait_until(lambda: server.json("GET", "/models/slow")[1]["stats"]
+                          ["requestsInFlight"] == 1, 10)
+        started = time.monotonic()
+        os.kill(before["pid"], signal.SIGKILL)
+        answer = pending.result(timeout=10)
+        body = assert_error(answer, 503, "EngineUnavailable")
+        assert "ended while it ran this request" in body["message"]
+        assert answer[1]["Retry-After"] == "1"
+        assert time.monotonic() - started < 5
+    after = _engine(server)
+    assert after["pid"] != before["pid"] and after["restarts"] == before["restarts"] + 1
+    assert server.process.poll() is None
+    assert server.json("GET", "/models")[1] == {"models": [
+        {"modelName": "affine", "modelUrl": "affine"}, {"modelName": "slow", "modelUrl": "slow"}]}
+    _affine_serves(server)
+    assert _post(server, "slow", [[2.0]])[::2] == (200, [[2.0]])
+    assert _restarts_metric(server) == after["restarts"]
+    assert server.unload("slow")[0] == 200
+
+
+def test_a_segfault_in_a_models_code_answers_every_request_once_and_the_server_recovers(
+        crashing):
+    server = crashing
+    before = _engine(server)
+    assert server.load("segfault", "segfault")[0] == 200
+    with concurrent.futures.ThreadPoolExecutor(9) as pool:
+        fine = [pool.submit(_post, server, "segfault", [[float(i)]]) for i in range(1, 9)]
+        assert wait_until(lambda: server.json("GET", "/models/segfault")[1]["stats"]
+                          ["requestsInFlight"] >= 1, 10)
+        crash = pool.submit(_post, server, "segfault", [[-1.0]])
+        status, _, body = crash.result(timeout=30)
+        assert (status, body["type"]) == (503, "EngineUnavailable"), body
+        answered = [future.result(timeout=30) for future in fine]
+    for i, (status, _, body) in enumerate(answered, start=1):  # each answered, once
+        assert (status, body) == (200, [[float(i)]]) or \
+            (status, body["type"]) == (503, "EngineUnavailable"), (i, status, body)
+    after = _engine(server)
+    assert after["restarts"] == before["restarts"] + 1
+    assert "killed by SIGSEGV" in server.log()
+    assert _post(server, "segfault", [[5.0]])[::2] == (200, [[5.0]])
+    _affine_serves(server)
+    assert server.unload("segfault")[0] == 200
+
+
+def test_a_model_that_kills_the_engine_as_it_loads_is_marked_failed_not_loaded_again(
+        crashing, root):
+    server = crashing
+    before = _engine(server)
+    (root / "killer" / "crash-on-load").touch()
+    assert_error(server.load("killer", "killer"), 503, "EngineUnavailable")
+    after = _engine(server)
+    assert after["restarts"] == before["restarts"] + 1
+    status, described = server.json("GET", "/models/killer")
+    assert (status, described["status"]) == (200, "failed"), described
+    assert "killed by SIGSEGV" in described["failure"] and "while it was loading" in \
+        described["failure"]
+    body = assert_error(_post(server, "killer", [[1.0]])[::2], 404, "ModelNotFound")
+    assert "killed by SIGSEGV" in body["message"]
+    assert server.json("GET", "/models")[1]["models"] == [
+        {"modelName": "affine", "modelUrl": "affine"}]
+    _affine_serves(server)
+
+    # A model that loaded, then kills the new engine as it is loaded again: marked failed
+    # too, and the engine after that one serves the rest.
+    assert server.load("fragile", "fragile")[0] == 200
+    (root / "fragile" / "crash-on-load").touch()
+    os.kill(after["pid"], signal.SIGKILL)
+    assert wait_until(lambda: server.json("GET", "/models/fragile")[1].get("status")
+                      == "failed", 60), server.log()
+    last = _engine(server)
+    assert last["restarts"] == after["restarts"] + 2  # the killed engine, and the one that
+    assert "killed by SIGSEGV" in server.json("GET", "/models/fragile")[1]["failure"]  # reloaded
+    _affine_serves(server)
+    assert _restarts_metric(server) == last["restarts"]
+
+    # Fixed, a failed model loads again; DELETE forgets a failed one.
+    (root / "killer" / "crash-on-load").unlink()
+    assert server.load("killer", "killer")[0] == 200
+    assert _post(server, "killer", [[4.0]])[::2] == (200, [[4.0]])
+    assert server.unload("fragile")[0] == 200
+    assert_error(server.json("GET", "/models/fragile"), 404, "ModelNotFound")
+    assert server.process.poll() is None
+
+
+def test_an_engine_that_cannot_start_again_ends_the_server(root):
+    """No load was under way when the new engine died, so nothing is to blame and another
+    would most likely die the same way: the server ends (exit 1), leaving nothing behind.
+    Here the engine's folder is gone, so the new engine cannot write its journal."""
+    folders_before = _engine_folders()
+    with started_workers(root) as server:
+        [folder] = _engine_folders() - folders_before
+        engine = _engine_pid(server)
         children = _descendants(server.process.pid)
-        assert engine in children
-        assert server.load("slow", "slow")[0] == 200
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            pending = pool.submit(_post, server, "slow", [[1.0]])
-            assert wait_until(lambda: server.json("GET", "/models/slow")[1]["stats"]
-                              ["requestsInFlight"] == 1, 10)
-            started = time.monotonic()
-            os.kill(engine, signal.SIGKILL)
-            status, _, body = pending.result(timeout=10)
-            assert (status, body["type"]) == (503, "EngineUnavailable")
-            assert "engine process" in body["message"]
-            assert time.monotonic() - started < 5
-        assert server.process.wait(30) == 1
+        shutil.rmtree(Path(tempfile.gettempdir()) / folder)
+        os.kill(engine, signal.SIGKILL)
+        assert server.process.wait(60) == 1
+        assert "died before it served" in server.log()
     assert wait_until(lambda: not any(_alive(pid) for pid in children), 10)
+
+
+def _engine_pid(server) -> int:
+    match = re.search(r"over one engine \(pid (\d+)\)", server.log())
+    assert match, server.log()
+    return int(match.group(1))

@@ -8,7 +8,9 @@ engine's metrics, so ``/metrics`` from any worker shows every worker's requests.
 
 If the engine's connection ends (the engine stopped or died), every operation waiting
 on it and every later one answers 503 (:class:`~mmserver.errors.EngineUnavailable`) at
-once; none waits for an answer that cannot come.
+once; none waits for an answer that cannot come. Meanwhile the worker tries to connect
+again every :data:`RECONNECT_SECONDS`: the socket accepts once the supervisor's new
+engine has loaded the models again, and from then on the worker serves as before.
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ from mmserver.loaded_model import ModelInfo, ModelStatus
 from mmserver.pipeline import Answer, check_payload_size, read_whole_body
 from mmserver.wires import ToolkitHeaders, V2Headers
 
+#: While the engine is gone, the pause between the worker's attempts to reach a new one.
+RECONNECT_SECONDS = 0.1
+#: Why an operation fails while there is no engine to ask.
+RESTARTING = ("the engine process that holds the models ended; the server is starting "
+              "another, which loads them again: retry shortly")
+
 
 class EngineService:
     """The models of the engine process, as one HTTP worker reaches them."""
@@ -44,7 +52,7 @@ class EngineService:
 
     async def start(self) -> None:
         self._channel = await connect(self.socket_path)
-        self._reading = asyncio.create_task(self._read_answers())
+        self._reading = asyncio.create_task(self._stay_connected())
 
     async def close(self) -> None:
         """On SIGTERM: wait (at most the shutdown timeout) for the engine's answers to the
@@ -53,12 +61,33 @@ class EngineService:
         while self._waiting and self._lost is None and \
                 asyncio.get_running_loop().time() < deadline:
             await asyncio.wait(list(self._waiting.values()), timeout=0.5)
-        if self._channel is not None:
-            self._channel.close()
         if self._reading is not None:
             self._reading.cancel()
+        if self._channel is not None:
+            self._channel.close()
+
+    async def _stay_connected(self) -> None:
+        while True:
+            await self._read_answers()
+            self._lost = RESTARTING
+            for waiting in self._waiting.values():
+                if not waiting.done():
+                    waiting.set_exception(errors.EngineUnavailable(
+                        "the engine process that held the models ended while it ran this "
+                        "request; the server is starting another, which loads them again"))
+            self._waiting.clear()
+            self._channel.close()
+            while True:
+                await asyncio.sleep(RECONNECT_SECONDS)
+                try:
+                    self._channel = await connect(self.socket_path)
+                    break
+                except OSError:
+                    continue
+            self._lost = None
 
     async def _read_answers(self) -> None:
+        """Settle each answer's waiting operation, until the connection ends."""
         try:
             while True:
                 request_id, ok, value = await self._channel.receive()
@@ -73,11 +102,7 @@ class EngineService:
                 else:
                     waiting.set_exception(value)
         except (asyncio.IncompleteReadError, ConnectionError):
-            self._lost = "the engine process that holds the models ended"
-            for waiting in self._waiting.values():
-                if not waiting.done():
-                    waiting.set_exception(errors.EngineUnavailable(self._lost))
-            self._waiting.clear()
+            return
 
     async def _ask(self, operation: str, *arguments: Any) -> Any:
         if self._lost is not None:

@@ -8,6 +8,12 @@ operations finish. Results are plain data (a listing's names and urls, a describ
 answer, an invocation's encoded answer), never a model. ``count`` messages carry the
 workers' invocation counts into the one set of metrics (no answer).
 
+The engine keeps a :class:`~mmserver.engine.journal.Journal` of the models it holds
+and loads, so that if it dies the supervisor can start another that loads them again
+(:class:`~mmserver.engine.journal.Restart`); describe answers say which engine serves a
+model and how many died before it, and a model that killed an engine while loading is
+described as ``failed``, with the reason, until it is loaded again or deleted.
+
 SIGTERM closes the socket and answers every accepted request (the registry's drain);
 SIGINT is ignored, as the supervisor decides when the engine stops (after the workers).
 """
@@ -15,6 +21,7 @@ SIGINT is ignored, as the supervisor decides when the engine stops (after the wo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -22,9 +29,12 @@ import signal
 import sys
 from multiprocessing.connection import Connection
 
+from prometheus_client import Counter
+
 from mmserver.config import Settings
 from mmserver.engine.channel import Channel
-from mmserver.errors import MMServerError
+from mmserver.engine.journal import Failure, Journal, Restart, journal_beside
+from mmserver.errors import MMServerError, ModelNotFound
 from mmserver.http.local import LocalService
 from mmserver.http.service import Call
 from mmserver.loaded_model import ModelInfo
@@ -45,11 +55,52 @@ class Listed:
 class EngineOperations:
     """What a worker may ask of the engine: the ModelService's operations, in plain data."""
 
-    def __init__(self, service: LocalService):
+    def __init__(self, service: LocalService, journal: Journal, restart: Restart | None):
         self.service = service
+        self.journal = journal
+        self.restarts = restart.restarts if restart else 0
+        #: Models that killed an engine while loading (module docstring).
+        self.failed: dict[str, Failure] = dict(restart.failed) if restart else {}
+        self._loading: dict[str, str] = {}
+
+    def record(self) -> None:
+        """Write the journal: what this engine holds and is loading, and what failed."""
+        self.journal.write([(m.name, m.url) for m in self.service.registry.ready()],
+                           list(self._loading.items()), self.failed)
+
+    @contextlib.contextmanager
+    def loading(self, name: str, url: str):
+        """A load under way, in the journal until it ends; its success clears a failure. A
+        second load of a name being loaded (refused, 409) leaves the first one's entry."""
+        first = name not in self._loading
+        if first:
+            self._loading[name] = url
+            self.record()
+        try:
+            yield
+            self.failed.pop(name, None)
+        finally:
+            if first:
+                del self._loading[name]
+                self.record()
+
+    async def restore(self, models: tuple[tuple[str, str], ...]) -> None:
+        """Load again what the engine before this one held; a model that no longer loads
+        is marked failed, not fatal to the others."""
+        for name, url in models:
+            if any(model.name == name for model in self.service.registry.ready()):
+                continue  # single-model mode's model, loaded by the start-up
+            try:
+                with self.loading(name, url):
+                    await self.service.load(name, url)
+            except MMServerError as error:
+                self.failed[name] = Failure(url, f"it did not load again after the engine "
+                                                 f"process was restarted: {error}")
+        self.record()
 
     async def load(self, name: str, url: str) -> Listed:
-        model = await self.service.load(name, url)
+        with self.loading(name, url):
+            model = await self.service.load(name, url)
         return Listed(model.name, model.url)
 
     async def page(self, limit: int | None, token: str | None
@@ -58,14 +109,35 @@ class EngineOperations:
         return [Listed(m.name, m.url) for m in models], next_token
 
     async def describe(self, name: str) -> dict[str, object]:
-        return await self.service.describe(name)
+        try:
+            answer = await self.service.describe(name)
+        except ModelNotFound:
+            failure = self.failed.get(name)
+            if failure is None:
+                raise
+            return {"modelName": name, "modelUrl": failure.url, "status": "failed",
+                    "failure": failure.reason, "engine": self._engine()}
+        return {**answer, "engine": self._engine()}
+
+    def _engine(self) -> dict[str, int]:
+        return {"pid": os.getpid(), "restarts": self.restarts}
 
     async def unload(self, name: str) -> None:
+        if self.failed.pop(name, None) is not None:
+            self.record()
+            return
         await self.service.unload(name)
+        self.record()
 
     async def invoke(self, name: str, headers: ToolkitHeaders | V2Headers, body: bytes
                      ) -> Answer:
-        return await self.service.invoke(name, headers, _arrived(body))
+        try:
+            return await self.service.invoke(name, headers, _arrived(body))
+        except ModelNotFound:
+            failure = self.failed.get(name)
+            if failure is None:
+                raise
+            raise ModelNotFound(f"model {name!r} is not loaded: {failure.reason}") from None
 
     async def status(self, name: str):
         return await self.service.status(name)
@@ -84,7 +156,8 @@ class EngineOperations:
                 for info in await self.service.index()]
 
     async def load_folder(self, name: str) -> None:
-        await self.service.load_folder(name)
+        with self.loading(name, name):
+            await self.service.load_folder(name)
 
     async def exposition(self) -> bytes:
         return await self.service.exposition()
@@ -101,7 +174,9 @@ def _arrived(body: bytes) -> Call:
 
 
 #: The operations a worker may name (nothing else of the object is reachable).
-OPERATIONS = frozenset(name for name in vars(EngineOperations) if not name.startswith("_"))
+OPERATIONS = frozenset(("load", "page", "describe", "unload", "invoke", "status", "model_metadata",
+                        "model_config", "model_statistics", "index", "load_folder",
+                        "exposition"))
 
 
 async def serve_connection(operations: EngineOperations, channel: Channel) -> None:
@@ -138,8 +213,10 @@ async def _answer(operations: EngineOperations, channel: Channel, request_id: in
         channel.send((request_id, True, result))
 
 
-def run_engine(settings: Settings, socket_path: str, ready: Connection, log_level: str) -> None:
-    """The engine process's main: load the preloaded models, then serve the socket.
+def run_engine(settings: Settings, socket_path: str, ready: Connection, log_level: str,
+               restart: Restart | None = None) -> None:
+    """The engine process's main: load the preloaded models (or, after a restart, the models
+    the dead engine held), then serve the socket.
 
     Sends ``("ready", device)`` on ``ready`` once it serves, or ``("failed", message)``.
     """
@@ -149,16 +226,24 @@ def run_engine(settings: Settings, socket_path: str, ready: Connection, log_leve
     prepare_process(settings, log_level)
     loop = event_loop(settings.uvloop) or asyncio.new_event_loop()
     try:
-        loop.run_until_complete(_main(settings, socket_path, ready))
+        loop.run_until_complete(_main(settings, socket_path, ready, restart))
     except MMServerError as error:
         ready.send(("failed", str(error)))
         sys.exit(1)
 
 
-async def _main(settings: Settings, socket_path: str, ready: Connection) -> None:
+async def _main(settings: Settings, socket_path: str, ready: Connection,
+                restart: Restart | None) -> None:
     service = LocalService(settings)
-    operations = EngineOperations(service)
+    operations = EngineOperations(service, journal_beside(socket_path), restart)
+    Counter("mmserver_engine_restarts", "Engine processes that died and were replaced "
+            "since the server started (--http-workers).",
+            registry=service.metrics.registry).inc(operations.restarts)
+    operations.record()
     await service.start()
+    if restart is not None:
+        await operations.restore(restart.restore)
+    operations.record()
     connections: set[asyncio.Task] = set()
 
     async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -8,13 +8,23 @@ this user may enter.
 Shutdown (SIGTERM or SIGINT): the workers first, each finishing the requests it
 accepted (aiohttp's graceful stop, within ``MMSERVER_SHUTDOWN_TIMEOUT``), then the
 engine, which drains what is left; a process still there past its share of the time is
-killed, and the socket's folder removed, so nothing is left behind. A worker or the
-engine that ends on its own ends the server (exit 1): a container's restart policy then
+killed, and the socket's folder removed, so nothing is left behind.
+
+**The engine's death** (a model's native code crashed, ``abort()``, the OOM killer)
+does not end the server. The workers answer the requests the engine held, and every
+request until a new engine serves, with 503 at once; the supervisor starts a new engine,
+which loads again the models the dead one held (its :mod:`~mmserver.engine.journal`),
+each within ``MMSERVER_LOAD_TIMEOUT``, and the workers reconnect to it. A model whose
+load was under way when an engine died is not loaded again but marked failed, so a
+model that kills the engine as it loads cannot make it crash-loop. An engine that dies
+before it serves with no load under way (it cannot start at all) ends the server
+(exit 1), as does a worker that ends on its own: a container's restart policy then
 starts it afresh.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import shutil
@@ -25,6 +35,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from mmserver.config import Settings
+from mmserver.engine.journal import Failure, Restart, State, journal_beside
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +58,7 @@ def serve_with_workers(settings: Settings, log_level: str) -> int:
         signal.signal(signum, lambda signum, frame: stopping.append(signum))
     engine = workers = None
     try:
-        engine, ready = _start_engine(settings, socket_path, log_level)
-        answer = _wait_ready(engine, ready, stopping)
+        engine, answer = _start_engine(settings, socket_path, log_level, None, stopping)
         if answer is None or answer[0] != "ready":
             reason = "it stopped" if answer is None else answer[1]
             log.error("mmserver: cannot start: the engine did not start: %s", reason)
@@ -61,29 +71,88 @@ def serve_with_workers(settings: Settings, log_level: str) -> int:
         host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
         print(f"mmserver ready on http://{host}:{settings.port} ({answer[1]}): "
               f"{len(workers)} HTTP workers over one engine (pid {engine.pid})", flush=True)
-        processes = [engine, *workers]
+        restart = None
         while not stopping:
-            ended = wait([p.sentinel for p in processes], timeout=0.5)
-            if ended:
-                gone = next(p for p in processes if p.sentinel in ended)
+            ended = wait([engine.sentinel, *(w.sentinel for w in workers)], timeout=0.5)
+            if not ended:
+                continue
+            if engine.sentinel not in ended:
+                gone = next(w for w in workers if w.sentinel in ended)
                 log.error("%s (pid %d) ended with %s; stopping the server", gone.name,
                           gone.pid, gone.exitcode)
                 return 1
+            served = True
+            while not stopping:
+                engine.join()
+                restart = after_death(restart, journal_beside(socket_path).read(), served,
+                                      _cause(engine.exitcode))
+                if restart is None:
+                    log.error("the engine (pid %d) died before it served (%s), loading no "
+                              "model; stopping the server", engine.pid, _cause(engine.exitcode))
+                    return 1
+                log.error("the engine (pid %d) died (%s); starting another to load again %d "
+                          "model(s)%s", engine.pid, _cause(engine.exitcode),
+                          len(restart.restore), "".join(
+                              f"; {name!r} stays unloaded: {failure.reason}"
+                              for name, failure in restart.failed.items()))
+                engine, answer = _start_engine(settings, socket_path, log_level, restart,
+                                               stopping)
+                served = answer is not None and answer[0] == "ready"
+                if served:
+                    log.warning("a new engine (pid %d) serves, restart %d", engine.pid,
+                                restart.restarts)
+                    break
         return 0
     finally:
         _stop(settings, workers or [], engine)
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _start_engine(settings: Settings, socket_path: str, log_level: str):
+def after_death(previous: Restart | None, state: State, served: bool, cause: str
+                ) -> Restart | None:
+    """What the next engine loads and leaves unloaded, from the dead engine's journal.
+
+    ``served``: the dead engine had said it was ready. Before that, it was still loading
+    the models ``previous`` gave it, which its journal does not hold yet. None when it died
+    before it served with no load under way: another would most likely die the same way.
+    """
+    if not served and not state.loading:
+        return None
+    held = state.held if served or previous is None else previous.restore
+    failed = dict(state.failed) if served or previous is None else \
+        {**previous.failed, **state.failed}
+    for name, url in state.loading:
+        failed[name] = Failure(url, f"the engine process died ({cause}) while it was loading "
+                                    "this model, so it is not loaded again; load it (POST "
+                                    "/models) once its cause is fixed")
+    return Restart(restore=tuple((name, url) for name, url in held if name not in failed),
+                   failed=failed, restarts=(previous.restarts if previous else 0) + 1)
+
+
+def _cause(exitcode: int | None) -> str:
+    """A process's end, as a person reads it: ``killed by SIGSEGV``, ``exit status 1``."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit status {exitcode}"
+
+
+def _start_engine(settings: Settings, socket_path: str, log_level: str,
+                  restart: Restart | None, stopping: list):
+    """A started engine and its first word (see :func:`_wait_ready`). A new engine after a
+    restart loads what ``restart`` says, not ``--preload``."""
     from mmserver.engine.engine import run_engine
 
+    if restart is not None:
+        settings = dataclasses.replace(settings, preload=())
     ready, engine_end = CONTEXT.Pipe(duplex=False)
     engine = CONTEXT.Process(target=run_engine, name="mmserver-engine",
-                             args=(settings, socket_path, engine_end, log_level))
+                             args=(settings, socket_path, engine_end, log_level, restart))
     engine.start()
     engine_end.close()
-    return engine, ready
+    return engine, _wait_ready(engine, ready, stopping)
 
 
 def _wait_ready(engine, ready, stopping: list) -> tuple[str, str] | None:
