@@ -125,7 +125,7 @@ def serve(args: argparse.Namespace) -> None:
         _run(app, settings)
     except MMServerError as error:
         sys.exit(f"mmserver: cannot start: {error}")
-    _exit_past_abandoned_calls()
+    exit_past_abandoned_calls()
 
 
 def prepare_process(settings: Settings, log_level: str, *, runs_models: bool = True) -> None:
@@ -142,7 +142,7 @@ def prepare_process(settings: Settings, log_level: str, *, runs_models: bool = T
         torch.set_num_threads(intra_op_threads(usable_cpus(), settings.batch.instances))
 
 
-def _exit_past_abandoned_calls() -> None:
+def exit_past_abandoned_calls() -> None:
     """Exit 0 now, without Python's finalization, if a worker thread is still in a call.
 
     The drain has answered every accepted request, but a call may still run that no

@@ -13,10 +13,10 @@ import pytest
 import torch
 from aiohttp.test_utils import TestClient, TestServer
 
-from mmserver.http.app import create_app
+from mmserver.http.app import WORKER_HEADER, create_app
 from mmserver.config import Settings
 from mmserver.ray.testing import RAY_ENVIRONMENT
-from mmserver.harness.testing import ModelServerClient, ServerProcess
+from mmserver.harness.testing import ModelServerClient, ServerProcess, wait_for_http_workers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -188,12 +188,22 @@ def model_root(tmp_path_factory) -> Path:
 # -- a real server process on a free port --------------------------------------------
 
 
+#: ``MMSERVER_TEST_HTTP_WORKERS=2 make test``: every server a test starts without saying how
+#: many HTTP workers it wants runs with this many, over one engine (README, "HTTP workers").
+TEST_HTTP_WORKERS = int(os.environ.get("MMSERVER_TEST_HTTP_WORKERS", "1"))
+
+
 class Server(ServerProcess):
     """A started :class:`mmserver.harness.testing.ServerProcess`, run from the repository root."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None):
+        workers = TEST_HTTP_WORKERS if "--http-workers" not in args else 1
+        if workers > 1:
+            args = [*args, "--http-workers", str(workers)]
         super().__init__(args, env=env, cwd=ROOT)
         self.start(timeout=60)
+        if workers > 1:  # /ping answers once the first worker listens
+            wait_for_http_workers(self.url, workers, WORKER_HEADER)
 
 
 def running_server(args: list[str], env: dict[str, str] | None = None) -> Server:

@@ -10,6 +10,7 @@ import threading
 import time
 
 import psutil
+import pytest
 from conftest import running_server, write_torchscript
 from helpers import assert_error, wait_for_in_flight, wait_until
 
@@ -177,9 +178,11 @@ def test_repeated_load_unload_does_not_grow_memory(server, model_root, tmp_path)
     assert growth < 50 * 2**20, f"resident memory grew {growth / 2**20:.1f} MiB over 100 cycles"
 
 
-def test_a_client_that_goes_away_is_not_computed(model_root):
+@pytest.mark.parametrize("http_workers", [1, 2])
+def test_a_client_that_goes_away_is_not_computed(model_root, http_workers):
+    """With HTTP workers too: the worker tells the engine, which drops the request."""
     with running_server(["--model-root", str(model_root), "--no-access-log",
-                         "--max-batch-size", "1"]) as server:
+                         "--max-batch-size", "1", "--http-workers", str(http_workers)]) as server:
         assert server.load("slow", model_root / "slow")[0] == 200
         blocker = threading.Thread(target=server.invoke, args=("slow", [[1.0]]))
         blocker.start()

@@ -504,8 +504,10 @@ def cache_folders(tmp: Path) -> list[Path]:
 
 
 def pip_children(server) -> list[str]:
+    """The server's descendants running pip (``python -m pip``, or a ``pip`` script), not its
+    engine and HTTP workers, whose command lines hold ``pipe_handle``."""
     return [" ".join(p.cmdline()) for p in psutil.Process(server.process.pid).children(True)
-            if "pip" in " ".join(p.cmdline())]
+            if any(Path(part).name == "pip" for part in p.cmdline())]
 
 
 @pytest.fixture(scope="module")

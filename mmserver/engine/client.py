@@ -112,6 +112,10 @@ class EngineService:
         try:
             self._channel.send((request_id, operation, arguments))
             return await waiting
+        except asyncio.CancelledError:
+            if self._lost is None:  # the client went away: the engine stops the work too
+                self._channel.send(("cancel", request_id))
+            raise
         finally:
             self._waiting.pop(request_id, None)
 

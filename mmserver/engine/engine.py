@@ -180,8 +180,13 @@ OPERATIONS = frozenset(("load", "page", "describe", "unload", "invoke", "status"
 
 
 async def serve_connection(operations: EngineOperations, channel: Channel) -> None:
-    """Answer one worker's messages until it disconnects."""
-    tasks: set[asyncio.Task] = set()
+    """Answer one worker's messages until it disconnects.
+
+    A ``cancel`` notice (the worker's client went away, so aiohttp cancelled its handler)
+    cancels that operation here too, as one process cancels it: a queued invocation
+    leaves the queue uncomputed.
+    """
+    tasks: dict[int, asyncio.Task] = {}
     try:
         while True:
             message = await channel.receive()
@@ -189,9 +194,15 @@ async def serve_connection(operations: EngineOperations, channel: Channel) -> No
                 _, name, status, seconds = message
                 operations.service.metrics.request_done(name, status, seconds)
                 continue
-            task = asyncio.create_task(_answer(operations, channel, *message))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            if message[0] == "cancel":
+                task = tasks.get(message[1])
+                if task is not None:
+                    task.cancel()
+                continue
+            request_id = message[0]
+            task = tasks[request_id] = asyncio.create_task(
+                _answer(operations, channel, *message))
+            task.add_done_callback(lambda _, request_id=request_id: tasks.pop(request_id, None))
     except (asyncio.IncompleteReadError, ConnectionError):
         pass  # the worker stopped; what it had asked still runs, and is answered to no one
     finally:
@@ -221,7 +232,11 @@ def run_engine(settings: Settings, socket_path: str, ready: Connection, log_leve
     Sends ``("ready", device)`` on ``ready`` once it serves, or ``("failed", message)``.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from mmserver.cli import event_loop, prepare_process  # the same start-up as one process
+    from mmserver.cli import (  # the same start-up and exit as one process
+        event_loop,
+        exit_past_abandoned_calls,
+        prepare_process,
+    )
 
     prepare_process(settings, log_level)
     loop = event_loop(settings.uvloop) or asyncio.new_event_loop()
@@ -230,6 +245,7 @@ def run_engine(settings: Settings, socket_path: str, ready: Connection, log_leve
     except MMServerError as error:
         ready.send(("failed", str(error)))
         sys.exit(1)
+    exit_past_abandoned_calls()
 
 
 async def _main(settings: Settings, socket_path: str, ready: Connection,
@@ -251,6 +267,8 @@ async def _main(settings: Settings, socket_path: str, ready: Connection,
         connections.add(task)
         try:
             await serve_connection(operations, Channel(reader, writer))
+        except asyncio.CancelledError:
+            pass  # the engine stops; ending quietly spares asyncio's stream callback a traceback
         finally:
             connections.discard(task)
 

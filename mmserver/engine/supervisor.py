@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 CONTEXT = multiprocessing.get_context("spawn")
 #: Of the shutdown timeout, the share the workers get; the engine drains in the rest.
 WORKERS_SHARE = 0.6
+#: Of the workers' share, what a worker's drain (aiohttp's and its engine requests') may use.
+WORKER_DRAIN_SHARE = 0.9
 
 
 def serve_with_workers(settings: Settings, log_level: str) -> int:
@@ -175,6 +177,9 @@ def _run_worker(settings: Settings, socket_path: str, index: int, log_level: str
     from mmserver.http.app import create_app
 
     prepare_process(settings, log_level, runs_models=False)
+    # The worker's own drain ends within its share, a little before the supervisor kills it.
+    settings = dataclasses.replace(settings, shutdown_timeout_seconds=(
+        settings.shutdown_timeout_seconds * WORKERS_SHARE * WORKER_DRAIN_SHARE))
     _run(create_app(settings, EngineService(settings, socket_path), worker=index), settings,
          reuse_port=True)
 
