@@ -228,8 +228,7 @@ def test_sigterm_answers_accepted_requests_and_leaves_nothing_behind(root):
         assert server.load("slow", "slow")[0] == 200
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             pending = [pool.submit(_post, server, "slow", [[float(i)]]) for i in range(4)]
-            assert wait_until(lambda: server.json("GET", "/models/slow")[1]["stats"]
-                              ["requestsInFlight"] == 4, 10)
+            assert wait_until(lambda: _in_flight(server, "slow") == 4, 10)
             started = time.monotonic()
             server.process.send_signal(signal.SIGTERM)
             assert [future.result(timeout=30)[::2] for future in pending] == [
@@ -271,6 +270,10 @@ def _restarts_metric(server) -> float:
     return float(re.search(r"^mmserver_engine_restarts_total (\S+)$", raw, re.M).group(1))
 
 
+def _in_flight(server, name: str) -> int:
+    return server.json("GET", f"/models/{name}")[1]["stats"]["requestsInFlight"]
+
+
 def _affine_serves(server) -> None:
     assert _post(server, "affine", [[1.0, 2.0, 3.0]])[::2] == (200, [[3.0, 5.0, 7.0]])
 
@@ -283,8 +286,7 @@ def test_a_killed_engine_fails_its_requests_at_once_and_a_new_one_serves_the_sam
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         pending = pool.submit(server.request, "POST", "/models/slow/invoke", "[[1.0]]",
                               {"Content-Type": "application/json"})
-        assert wait_until(lambda: server.json("GET", "/models/slow")[1]["stats"]
-                          ["requestsInFlight"] == 1, 10)
+        assert wait_until(lambda: _in_flight(server, "slow") == 1, 10)
         started = time.monotonic()
         os.kill(before["pid"], signal.SIGKILL)
         answer = pending.result(timeout=10)
@@ -310,8 +312,7 @@ def test_a_segfault_in_a_models_code_answers_every_request_once_and_the_server_r
     assert server.load("segfault", "segfault")[0] == 200
     with concurrent.futures.ThreadPoolExecutor(9) as pool:
         fine = [pool.submit(_post, server, "segfault", [[float(i)]]) for i in range(1, 9)]
-        assert wait_until(lambda: server.json("GET", "/models/segfault")[1]["stats"]
-                          ["requestsInFlight"] >= 1, 10)
+        assert wait_until(lambda: _in_flight(server, "segfault") >= 1, 10)
         crash = pool.submit(_post, server, "segfault", [[-1.0]])
         status, _, body = crash.result(timeout=30)
         assert (status, body["type"]) == (503, "EngineUnavailable"), body
