@@ -83,31 +83,43 @@ def serve_with_workers(settings: Settings, log_level: str) -> int:
                 log.error("%s (pid %d) ended with %s; stopping the server", gone.name,
                           gone.pid, gone.exitcode)
                 return 1
-            served = True
-            while not stopping:
-                engine.join()
-                restart = after_death(restart, journal_beside(socket_path).read(), served,
-                                      _cause(engine.exitcode))
-                if restart is None:
-                    log.error("the engine (pid %d) died before it served (%s), loading no "
-                              "model; stopping the server", engine.pid, _cause(engine.exitcode))
-                    return 1
-                log.error("the engine (pid %d) died (%s); starting another to load again %d "
-                          "model(s)%s", engine.pid, _cause(engine.exitcode),
-                          len(restart.restore), "".join(
-                              f"; {name!r} stays unloaded: {failure.reason}"
-                              for name, failure in restart.failed.items()))
-                engine, answer = _start_engine(settings, socket_path, log_level, restart,
-                                               stopping)
-                served = answer is not None and answer[0] == "ready"
-                if served:
-                    log.warning("a new engine (pid %d) serves, restart %d", engine.pid,
-                                restart.restarts)
-                    break
+            replaced = _replace_engine(engine, restart, settings, socket_path, log_level,
+                                       stopping)
+            if replaced is None:
+                return 1
+            engine, restart = replaced
         return 0
     finally:
         _stop(settings, workers or [], engine)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _replace_engine(engine, restart: Restart | None, settings: Settings, socket_path: str,
+                    log_level: str, stopping: list):
+    """After ``engine`` died: a new engine that serves and the ``Restart`` it was given, or
+    None when the server must end (an engine died before serving with no load under way).
+    A new engine that dies while loading again is replaced in turn, less the model it was
+    loading. A signal meanwhile returns the engine as it is, for the shutdown."""
+    served = True
+    while not stopping:
+        engine.join()
+        cause = _cause(engine.exitcode)
+        restart = after_death(restart, journal_beside(socket_path).read(), served, cause)
+        if restart is None:
+            log.error("the engine (pid %d) died before it served (%s), loading no model; "
+                      "stopping the server", engine.pid, cause)
+            return None
+        log.error("the engine (pid %d) died (%s); starting another to load again %d model(s)%s",
+                  engine.pid, cause, len(restart.restore), "".join(
+                      f"; {name!r} stays unloaded: {failure.reason}"
+                      for name, failure in restart.failed.items()))
+        engine, answer = _start_engine(settings, socket_path, log_level, restart, stopping)
+        served = answer is not None and answer[0] == "ready"
+        if served:
+            log.warning("a new engine (pid %d) serves, restart %d", engine.pid,
+                        restart.restarts)
+            break
+    return engine, restart
 
 
 def after_death(previous: Restart | None, state: State, served: bool, cause: str
