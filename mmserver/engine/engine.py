@@ -86,7 +86,7 @@ class EngineOperations:
 
     async def restore(self, models: tuple[tuple[str, str], ...]) -> None:
         """Load again what the engine before this one held; a model that no longer loads
-        is marked failed, not fatal to the others."""
+        is marked failed, not fatal to the others (the caller records the outcome)."""
         for name, url in models:
             if any(model.name == name for model in self.service.registry.ready()):
                 continue  # single-model mode's model, loaded by the start-up
@@ -96,7 +96,6 @@ class EngineOperations:
             except MMServerError as error:
                 self.failed[name] = Failure(url, f"it did not load again after the engine "
                                                  f"process was restarted: {error}")
-        self.record()
 
     async def load(self, name: str, url: str) -> Listed:
         with self.loading(name, url):
