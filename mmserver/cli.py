@@ -20,7 +20,7 @@ from aiohttp.abc import AbstractAccessLogger
 
 from mmserver.allocator import keep_freed_memory_in_heap
 from mmserver.batching import KNOBS, BatchSettings
-from mmserver.config import Settings
+from mmserver.config import ISOLATIONS, Settings
 from mmserver.errors import MMServerError
 from mmserver.resources import usable_cpus
 from mmserver.workers import calls_running
@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
                            help=f"{knob.help} ({knob.env}; default {shown}{unit})")
     serve.add_argument("--http-workers", type=int, help="HTTP processes over one engine process "
                        "that holds the models (MMSERVER_HTTP_WORKERS, default 1: one process)")
+    serve.add_argument("--isolation", choices=ISOLATIONS,
+                       help="where a model runs when its mmserver.json does not say: 'process' "
+                            "gives each model a process of its own, so that a native crash "
+                            "costs only that model (MMSERVER_ISOLATION, default none)")
     serve.add_argument("--no-access-log", action="store_true", help="no line per request")
     serve.add_argument("--log-level", default="INFO")
     examples = commands.add_parser("examples", help="write the example models")
@@ -104,6 +108,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "model_roots": tuple(args.model_roots) if args.model_roots else None,
         "access_log": False if args.no_access_log else None,
         "http_workers": args.http_workers,
+        "isolation": args.isolation,
     }))
 
 

@@ -36,6 +36,8 @@ DEFAULT_SHUTDOWN_TIMEOUT_SECONDS = 25.0
 DEFAULT_DECODE_IN_THREAD_BYTES = 64 * 1024
 #: The name SageMaker's toolkit gives the handler script under code/.
 DEFAULT_PROGRAM = "inference.py"
+#: A model's isolation: in the registry's process, or in a process of its own.
+ISOLATIONS = ("none", "process")
 
 
 # -- reading one variable -------------------------------------------------------------
@@ -141,11 +143,17 @@ class Settings:
     install_requirements: bool = True
     #: HTTP processes; past 1, they serve over one engine process that holds the models.
     http_workers: int = 1
+    #: Where a model runs when its mmserver.json does not say: ``"none"``, in the process
+    #: that holds the registry; ``"process"``, in a process of its own (``engine.isolated``).
+    isolation: str = "none"
 
     def __post_init__(self) -> None:
         if self.http_workers < 1:
             raise ValueError(f"MMSERVER_HTTP_WORKERS (--http-workers) must be at least 1, got "
                              f"{self.http_workers}")
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(f"MMSERVER_ISOLATION (--isolation) must be one of "
+                             f"{', '.join(ISOLATIONS)}, got {self.isolation!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -185,4 +193,5 @@ class Settings:
             uvloop=read_env(env, "MMSERVER_UVLOOP", boolean, True),
             install_requirements=read_env(env, "MMSERVER_INSTALL_REQUIREMENTS", boolean, True),
             http_workers=read_env(env, "MMSERVER_HTTP_WORKERS", integer, 1),
+            isolation=read_env(env, "MMSERVER_ISOLATION", text, "none"),
         )

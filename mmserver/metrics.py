@@ -13,6 +13,8 @@ its model was unloaded (a call that outlived the drain) is counted under
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,  # noqa: F401 - re-exported for app
     CollectorRegistry,
@@ -22,6 +24,8 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from mmserver.batching import BatchRecord
 from mmserver.loaded_model import LoadedModel
@@ -68,6 +72,9 @@ class Metrics:
         self.model_memory = self.per_model_metric(
             Gauge, "mmserver_model_memory_bytes",
             "Bytes of parameters and buffers per loaded model.")
+        self.model_restarts = self.per_model_metric(
+            Counter, "mmserver_model_process_restarts",
+            "Times the process of a model with isolation: process died and another loaded it.")
         self.models_loaded = Gauge("mmserver_models_loaded", "Models loaded now.",
                                    registry=self.registry)
         self._request_counters: dict[tuple[str, int], object] = {}
@@ -82,11 +89,16 @@ class Metrics:
         return metric
 
     def model_loaded(self, model: LoadedModel) -> None:
+        """A model's series; one in a process of its own (no ``runner`` here) has only the
+        request counts here: that process exports the rest (``merged_exposition``)."""
         name = model.name
         self._loaded.add(name)
         self.models_loaded.inc()
+        runner = getattr(model, "runner", None)
+        if runner is None:
+            self.model_restarts.labels(name)
+            return
         self.model_memory.labels(name).set(model.memory_bytes)
-        runner = model.runner
         self.queue_depth.labels(name).set_function(lambda: runner.queue_depth)
         executors = runner.instances.executors
         self.instances.labels(name).set(len(executors))
@@ -139,3 +151,38 @@ class Metrics:
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
+
+#: What :func:`merged_exposition` does to a series' labels: new labels, or None to drop it.
+Relabel = Callable[[Mapping[str, str]], Mapping[str, str] | None]
+
+
+def merged_exposition(parts: Iterable[tuple[bytes, Relabel]]) -> bytes:
+    """Several processes' Prometheus texts as one: each series relabelled by its part's
+    function (or dropped), series of one metric together under one header."""
+    families: dict[str, object] = {}
+    for text, relabel in parts:
+        for family in text_string_to_metric_families(text.decode()):
+            samples = []
+            for sample in family.samples:
+                labels = relabel(sample.labels)
+                if labels is not None:
+                    samples.append(Sample(sample.name, dict(labels), sample.value,
+                                          sample.timestamp, sample.exemplar))
+            merged = families.setdefault(family.name, family)
+            if merged is family:
+                family.samples = samples
+            else:
+                merged.samples.extend(samples)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(list(families.values())))
+    return generate_latest(registry)
+
+
+class _Families:
+    """Parsed metric families, as a collector (what ``generate_latest`` writes out)."""
+
+    def __init__(self, families: list):
+        self.families = families
+
+    def collect(self) -> list:
+        return self.families

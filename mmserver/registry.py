@@ -20,6 +20,7 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,10 +35,14 @@ from mmserver.errors import (
 )
 from mmserver.handler.folder import is_model_folder
 from mmserver.handler.requirements import RequirementsCache
+from mmserver.handler.settings import ModelSettings
 from mmserver.loaded_model import NOT_LOADED, LoadedModel, ModelInfo, ModelStatus
 from mmserver.loader import load_model
 from mmserver.model_roots import ModelRoots
 from mmserver.paging import paginate
+
+if TYPE_CHECKING:
+    from mmserver.engine.isolated import IsolatedModel
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +71,18 @@ def pick_device(requested: str | None) -> torch.device:
 
 
 class ModelRegistry:
+    """``isolating``: a model whose settings ask for a process of its own gets one
+    (``engine.isolated``), reported through ``on_restart(model)`` when that process died
+    and another loads it, and ``on_failed(name, url, reason)`` when none could."""
+
     def __init__(self, settings: Settings,
                  on_loaded: Callable[[LoadedModel], None] | None = None,
-                 on_unloaded: Callable[[LoadedModel], None] | None = None):
+                 on_unloaded: Callable[[LoadedModel], None] | None = None, *,
+                 isolating: bool = False,
+                 on_restart: Callable[[IsolatedModel], None] | None = None,
+                 on_failed: Callable[[str, str, str], None] | None = None):
         self.settings = settings
+        self.isolating = isolating
         self.device = pick_device(settings.device)
         self.capacity = CapacityPolicy(
             memory_budget_bytes=(settings.memory_budget_bytes
@@ -79,11 +92,13 @@ class ModelRegistry:
         self.roots = ModelRoots(settings.model_roots)
         #: Where models' code/requirements.txt are installed; None when installing is off.
         self.requirements = RequirementsCache() if settings.install_requirements else None
-        self._models: dict[str, Loading | LoadedModel] = {}
+        self._models: dict[str, Loading | LoadedModel | IsolatedModel] = {}
         #: Unloads under way, held here so that they finish even if their caller goes away.
         self._unloads: dict[str, asyncio.Task] = {}
         self._on_loaded = on_loaded
         self._on_unloaded = on_unloaded
+        self._on_restart = on_restart
+        self._on_failed = on_failed
 
     # -- loading -------------------------------------------------------------
 
@@ -98,7 +113,8 @@ class ModelRegistry:
         validate_name(name)
         path = self.roots.resolve(name)
         existing = self._models.get(name)
-        if isinstance(existing, LoadedModel) and not existing.unloading and existing.path == path:
+        if existing is not None and not isinstance(existing, Loading) and \
+                not existing.unloading and existing.path == path:
             return existing
         return await self._load(name, name, path)
 
@@ -106,11 +122,14 @@ class ModelRegistry:
         """Single-model mode: the model SageMaker unpacked into /opt/ml/model."""
         if not Path(model_dir).is_dir():
             raise ModelUrlNotFound(f"single-model directory {str(model_dir)!r} does not exist")
-        return await self._load(name, str(model_dir), Path(os.path.realpath(model_dir)))
+        return await self._load(name, str(model_dir), Path(os.path.realpath(model_dir)),
+                                isolate=False)
 
-    async def _load(self, name: str, url: str, path: Path) -> LoadedModel:
+    async def _load(self, name: str, url: str, path: Path, isolate: bool = True
+                    ) -> LoadedModel | IsolatedModel:
         if name in self._models:
             raise ModelAlreadyLoaded(f"model {name!r} is already {self._models[name].status}")
+        isolated = isolate and self._isolates(path)
         estimate = estimated_memory_bytes(path)
         self.capacity.check_room(len(self._models))
         self.capacity.check_memory(estimate, self._memory_of_others(None),
@@ -120,11 +139,14 @@ class ModelRegistry:
         model = None
         try:
             settings = self.settings
-            model = await load_model(
-                name, url, path, device=self.device, batch=settings.batch,
-                program=settings.program, load_timeout_seconds=settings.load_timeout_seconds,
-                call_timeout_seconds=settings.model_server_timeout_seconds,
-                estimate_bytes=estimate, requirements=self.requirements)
+            if isolated:
+                model = await self._load_isolated(name, url, path)
+            else:
+                model = await load_model(
+                    name, url, path, device=self.device, batch=settings.batch,
+                    program=settings.program, load_timeout_seconds=settings.load_timeout_seconds,
+                    call_timeout_seconds=settings.model_server_timeout_seconds,
+                    estimate_bytes=estimate, requirements=self.requirements)
             self.capacity.check_memory(model.memory_bytes, self._memory_of_others(placeholder),
                                        "measured")
             await model.start()
@@ -140,6 +162,33 @@ class ModelRegistry:
             self._on_loaded(model)
         return model
 
+    def _isolates(self, path: Path) -> bool:
+        """Whether the model of folder ``path`` gets a process of its own: its
+        ``mmserver.json`` says so, or says nothing and the server's setting does."""
+        if not self.isolating:
+            return False
+        return (ModelSettings.read(path).isolation or self.settings.isolation) == "process"
+
+    async def _load_isolated(self, name: str, url: str, path: Path) -> IsolatedModel:
+        from mmserver.engine.isolated import IsolatedModel  # it imports the registry's users
+
+        model = IsolatedModel(name, url, path, dataclasses.replace(
+            self.settings, preload=(), multi_model=True, http_workers=1),
+            on_restart=self._on_restart or (lambda model: None), on_failed=self._failed)
+        await model.load()
+        return model
+
+    def _failed(self, model: IsolatedModel, reason: str) -> None:
+        """An isolated model that no new process could load again: forgotten here, and
+        reported to the service, which describes it as failed."""
+        if self._models.get(model.name) is not model:
+            return
+        del self._models[model.name]
+        if self._on_unloaded:
+            self._on_unloaded(model)
+        if self._on_failed:
+            self._on_failed(model.name, model.url, reason)
+
     def _memory_of_others(self, besides: Loading | None) -> int:
         return sum(m.memory_bytes for m in self._models.values() if m is not besides)
 
@@ -152,17 +201,17 @@ class ModelRegistry:
             raise ModelNotFound(f"model {name!r} is not loaded")
         return model.info()
 
-    def get(self, name: str) -> LoadedModel:
+    def get(self, name: str) -> LoadedModel | IsolatedModel:
         """The model, ready to serve (an unhealthy one included: it answers 503 while stuck)."""
         model = self._models.get(name)
-        if not isinstance(model, LoadedModel) or model.unloading:
+        if model is None or isinstance(model, Loading) or model.unloading:
             raise ModelNotFound(f"model {name!r} is not loaded")
         return model
 
-    def ready(self) -> list[LoadedModel]:
+    def ready(self) -> list[LoadedModel | IsolatedModel]:
         """Models that serve (an unhealthy one included: it answers 503 while stuck)."""
         return [m for m in self._models.values()
-                if isinstance(m, LoadedModel) and not m.unloading]
+                if not isinstance(m, Loading) and not m.unloading]
 
     def index(self) -> list[ModelInfo]:
         """The model roots' model folders and the registry's models, sorted by name.

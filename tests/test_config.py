@@ -43,7 +43,8 @@ def test_variables_are_read():
                                  {"MMSERVER_BATCH_SIZING": "fastest"},
                                  {"MMSERVER_MAX_WAIT_MS": "-1"},
                                  {"MMSERVER_HTTP_WORKERS": "0"},
-                                 {"MMSERVER_HTTP_WORKERS": "two"}])
+                                 {"MMSERVER_HTTP_WORKERS": "two"},
+                                 {"MMSERVER_ISOLATION": "thread"}])
 def test_bad_variables_are_refused_by_name(env):
     with pytest.raises(ValueError, match=next(iter(env))):
         Settings.from_env(env)
@@ -62,6 +63,11 @@ def test_flags_override_the_environment(monkeypatch):
     assert settings.http_workers == 1
     assert settings_from_args(build_parser().parse_args(
         ["serve", "--http-workers", "3"])).http_workers == 3
+    assert settings.isolation == "none"
+    monkeypatch.setenv("MMSERVER_ISOLATION", "process")
+    assert settings_from_args(build_parser().parse_args(["serve"])).isolation == "process"
+    assert settings_from_args(build_parser().parse_args(
+        ["serve", "--isolation", "none"])).isolation == "none"
 
 
 def test_model_overrides_are_checked():

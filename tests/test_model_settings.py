@@ -38,7 +38,7 @@ def test_an_unknown_key_is_refused_with_the_keys_there_are(tmp_path):
     assert str(raised.value) == (f"mmserver.json: unknown keys ['max_batchsize']; known: "
                                  f"{sorted(KEYS)}")
     assert {"max_batch_size", "max_wait_ms", "max_queue_size", "policy", "batch_sizing",
-            "instances", "row_wise", "thread_safe", "inputs", "outputs"} == KEYS
+            "instances", "row_wise", "thread_safe", "inputs", "outputs", "isolation"} == KEYS
 
 
 @pytest.mark.parametrize("text, message", [
@@ -47,6 +47,8 @@ def test_an_unknown_key_is_refused_with_the_keys_there_are(tmp_path):
     ('{"row_wise": "yes"}', "row_wise (mmserver.json) must be true or false, got 'yes'"),
     ('{"thread_safe": 1}', "thread_safe (mmserver.json) must be true or false, got 1"),
     ('{"inputs": []}', "mmserver.json inputs must be a non-empty list"),
+    ('{"isolation": "thread"}',
+     "isolation (mmserver.json) must be one of 'none', 'process', got 'thread'"),
 ])
 def test_malformed_files_are_refused_saying_why(tmp_path, text, message):
     (tmp_path / "mmserver.json").write_text(text)

@@ -16,6 +16,7 @@ engine has loaded the models again, and from then on the worker serves as before
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -23,7 +24,6 @@ from typing import Any
 from mmserver import errors
 from mmserver.config import Settings
 from mmserver.engine.channel import Channel, connect
-from mmserver.engine.engine import Listed
 from mmserver.http.service import Call
 from mmserver.loaded_model import ModelInfo, ModelStatus
 from mmserver.pipeline import Answer, check_payload_size, read_whole_body
@@ -31,17 +31,27 @@ from mmserver.wires import ToolkitHeaders, V2Headers
 
 #: While the engine is gone, the pause between the worker's attempts to reach a new one.
 RECONNECT_SECONDS = 0.1
-#: Why an operation fails while there is no engine to ask.
-RESTARTING = ("the engine process that holds the models ended; the server is starting "
-              "another, which loads them again: retry shortly")
+
+
+@dataclasses.dataclass(frozen=True)
+class Listed:
+    """A model as a listing names it, across the process boundary."""
+
+    name: str
+    url: str
 
 
 class EngineService:
-    """The models of the engine process, as one HTTP worker reaches them."""
+    """The models of an engine process, as one HTTP worker (or the process that holds an
+    isolated model) reaches them. ``holds`` names them in errors."""
 
-    def __init__(self, settings: Settings, socket_path: str):
+    def __init__(self, settings: Settings, socket_path: str, holds: str = "the models"):
         self.settings = settings
         self.socket_path = socket_path
+        self._restarting = (f"the engine process that holds {holds} ended; the server is "
+                            f"starting another, which loads {holds} again: retry shortly")
+        self._died = (f"the engine process that held {holds} ended while it ran this "
+                      f"request; the server is starting another, which loads {holds} again")
         self._channel: Channel | None = None
         self._waiting: dict[int, asyncio.Future] = {}
         self._ids = itertools.count()
@@ -54,28 +64,33 @@ class EngineService:
         self._channel = await connect(self.socket_path)
         self._reading = asyncio.create_task(self._stay_connected())
 
-    async def close(self) -> None:
-        """On SIGTERM: wait (at most the shutdown timeout) for the engine's answers to the
-        requests this worker accepted, then disconnect."""
-        deadline = asyncio.get_running_loop().time() + self.settings.shutdown_timeout_seconds
-        while self._waiting and self._lost is None and \
-                asyncio.get_running_loop().time() < deadline:
-            await asyncio.wait(list(self._waiting.values()), timeout=0.5)
+    async def close(self, timeout: float | None = None) -> None:
+        """On SIGTERM: wait (at most ``timeout`` s, by default the shutdown timeout) for the
+        engine's answers to the requests this worker accepted, then disconnect; a request
+        still waiting then is answered 503."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.settings.shutdown_timeout_seconds if timeout is None
+                                  else timeout)
+        while self._waiting and self._lost is None and loop.time() < deadline:
+            await asyncio.wait(list(self._waiting.values()),
+                               timeout=min(0.5, deadline - loop.time()))
         if self._reading is not None:
             self._reading.cancel()
+        self._fail_waiting()
         if self._channel is not None:
             self._channel.close()
+
+    def _fail_waiting(self) -> None:
+        for waiting in self._waiting.values():
+            if not waiting.done():
+                waiting.set_exception(errors.EngineUnavailable(self._died))
+        self._waiting.clear()
 
     async def _stay_connected(self) -> None:
         while True:
             await self._read_answers()
-            self._lost = RESTARTING
-            for waiting in self._waiting.values():
-                if not waiting.done():
-                    waiting.set_exception(errors.EngineUnavailable(
-                        "the engine process that held the models ended while it ran this "
-                        "request; the server is starting another, which loads them again"))
-            self._waiting.clear()
+            self._lost = self._restarting
+            self._fail_waiting()
             self._channel.close()
             while True:
                 await asyncio.sleep(RECONNECT_SECONDS)

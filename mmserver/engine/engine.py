@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
+import ctypes
 import logging
 import os
 import signal
@@ -33,8 +33,9 @@ from prometheus_client import Counter
 
 from mmserver.config import Settings
 from mmserver.engine.channel import Channel
+from mmserver.engine.client import Listed
 from mmserver.engine.journal import Failure, Journal, Restart, journal_beside
-from mmserver.errors import MMServerError, ModelNotFound
+from mmserver.errors import MMServerError
 from mmserver.http.local import LocalService
 from mmserver.http.service import Call
 from mmserver.loaded_model import ModelInfo
@@ -43,13 +44,8 @@ from mmserver.wires import ToolkitHeaders, V2Headers
 
 log = logging.getLogger(__name__)
 
-
-@dataclasses.dataclass(frozen=True)
-class Listed:
-    """A model as a listing names it, across the process boundary."""
-
-    name: str
-    url: str
+#: prctl's option that sends a signal to this process when its parent ends (linux/prctl.h).
+PR_SET_PDEATHSIG = 1
 
 
 class EngineOperations:
@@ -60,25 +56,25 @@ class EngineOperations:
         self.journal = journal
         self.restarts = restart.restarts if restart else 0
         #: Models that killed an engine while loading (module docstring).
-        self.failed: dict[str, Failure] = dict(restart.failed) if restart else {}
+        service.failed.update(restart.failed if restart else {})
+        service.on_change = self.record
         self._loading: dict[str, str] = {}
 
     def record(self) -> None:
         """Write the journal: what this engine holds and is loading, and what failed."""
         self.journal.write([(m.name, m.url) for m in self.service.registry.ready()],
-                           list(self._loading.items()), self.failed)
+                           list(self._loading.items()), self.service.failed)
 
     @contextlib.contextmanager
     def loading(self, name: str, url: str):
-        """A load under way, in the journal until it ends; its success clears a failure. A
-        second load of a name being loaded (refused, 409) leaves the first one's entry."""
+        """A load under way, in the journal until it ends. A second load of a name being
+        loaded (refused, 409) leaves the first one's entry."""
         first = name not in self._loading
         if first:
             self._loading[name] = url
             self.record()
         try:
             yield
-            self.failed.pop(name, None)
         finally:
             if first:
                 del self._loading[name]
@@ -94,7 +90,7 @@ class EngineOperations:
                 with self.loading(name, url):
                     await self.service.load(name, url)
             except MMServerError as error:
-                self.failed[name] = Failure(url, f"it did not load again after the engine "
+                self.service.failed[name] = Failure(url, f"it did not load again after the engine "
                                                  f"process was restarted: {error}")
 
     async def load(self, name: str, url: str) -> Listed:
@@ -108,35 +104,19 @@ class EngineOperations:
         return [Listed(m.name, m.url) for m in models], next_token
 
     async def describe(self, name: str) -> dict[str, object]:
-        try:
-            answer = await self.service.describe(name)
-        except ModelNotFound:
-            failure = self.failed.get(name)
-            if failure is None:
-                raise
-            return {"modelName": name, "modelUrl": failure.url, "status": "failed",
-                    "failure": failure.reason, "engine": self._engine()}
-        return {**answer, "engine": self._engine()}
+        """The service's answer, naming this engine unless the model has one of its own."""
+        return {"engine": self._engine(), **await self.service.describe(name)}
 
     def _engine(self) -> dict[str, int]:
         return {"pid": os.getpid(), "restarts": self.restarts}
 
     async def unload(self, name: str) -> None:
-        if self.failed.pop(name, None) is not None:
-            self.record()
-            return
         await self.service.unload(name)
         self.record()
 
     async def invoke(self, name: str, headers: ToolkitHeaders | V2Headers, body: bytes
                      ) -> Answer:
-        try:
-            return await self.service.invoke(name, headers, _arrived(body))
-        except ModelNotFound:
-            failure = self.failed.get(name)
-            if failure is None:
-                raise
-            raise ModelNotFound(f"model {name!r} is not loaded: {failure.reason}") from None
+        return await self.service.invoke(name, headers, _arrived(body))
 
     async def status(self, name: str):
         return await self.service.status(name)
@@ -224,13 +204,17 @@ async def _answer(operations: EngineOperations, channel: Channel, request_id: in
 
 
 def run_engine(settings: Settings, socket_path: str, ready: Connection, log_level: str,
-               restart: Restart | None = None) -> None:
+               restart: Restart | None = None, parent_pid: int | None = None) -> None:
     """The engine process's main: load the preloaded models (or, after a restart, the models
     the dead engine held), then serve the socket.
 
     Sends ``("ready", device)`` on ``ready`` once it serves, or ``("failed", message)``.
+    ``parent_pid``: this is an isolated model's engine (``engine.isolated``): it dies with
+    that process, and holds its models itself, isolating none further.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent_pid is not None:
+        _die_with(parent_pid)
     from mmserver.cli import (  # the same start-up and exit as one process
         event_loop,
         exit_past_abandoned_calls,
@@ -240,16 +224,26 @@ def run_engine(settings: Settings, socket_path: str, ready: Connection, log_leve
     prepare_process(settings, log_level)
     loop = event_loop(settings.uvloop) or asyncio.new_event_loop()
     try:
-        loop.run_until_complete(_main(settings, socket_path, ready, restart))
+        loop.run_until_complete(_main(settings, socket_path, ready, restart,
+                                      isolating=parent_pid is None))
     except MMServerError as error:
         ready.send(("failed", str(error)))
         sys.exit(1)
     exit_past_abandoned_calls()
 
 
+def _die_with(parent_pid: int) -> None:
+    """Be killed when ``parent_pid`` ends (Linux's ``PR_SET_PDEATHSIG``), so that no engine
+    outlives a server that was killed; exit now if it already has."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
 async def _main(settings: Settings, socket_path: str, ready: Connection,
-                restart: Restart | None) -> None:
-    service = LocalService(settings)
+                restart: Restart | None, *, isolating: bool = True) -> None:
+    service = LocalService(settings, isolating=isolating)
     operations = EngineOperations(service, journal_beside(socket_path), restart)
     Counter("mmserver_engine_restarts", "Engine processes that died and were replaced "
             "since the server started (--http-workers).",

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
+import os
 import shutil
 import signal
 import tempfile
@@ -103,7 +104,7 @@ def _replace_engine(engine, restart: Restart | None, settings: Settings, socket_
     served = True
     while not stopping:
         engine.join()
-        cause = _cause(engine.exitcode)
+        cause = cause_of_end(engine.exitcode)
         restart = after_death(restart, journal_beside(socket_path).read(), served, cause)
         if restart is None:
             log.error("the engine (pid %d) died before it served (%s), loading no model; "
@@ -143,7 +144,7 @@ def after_death(previous: Restart | None, state: State, served: bool, cause: str
                    failed=failed, restarts=(previous.restarts if previous else 0) + 1)
 
 
-def _cause(exitcode: int | None) -> str:
+def cause_of_end(exitcode: int | None) -> str:
     """A process's end, as a person reads it: ``killed by SIGSEGV``, ``exit status 1``."""
     if exitcode is not None and exitcode < 0:
         try:
@@ -155,21 +156,30 @@ def _cause(exitcode: int | None) -> str:
 
 def _start_engine(settings: Settings, socket_path: str, log_level: str,
                   restart: Restart | None, stopping: list):
-    """A started engine and its first word (see :func:`_wait_ready`). A new engine after a
+    """A started engine and its first word (see :func:`wait_ready`). A new engine after a
     restart loads what ``restart`` says, not ``--preload``."""
-    from mmserver.engine.engine import run_engine
-
     if restart is not None:
         settings = dataclasses.replace(settings, preload=())
+    engine, ready = spawn_engine(settings, socket_path, log_level, restart)
+    return engine, wait_ready(engine, ready, stopping)
+
+
+def spawn_engine(settings: Settings, socket_path: str, log_level: str,
+                 restart: Restart | None, *, isolated: bool = False):
+    """An engine process, started, and the pipe its first word comes on. ``isolated``: the
+    engine of one isolated model (``engine.isolated``), which dies with this process."""
+    from mmserver.engine.engine import run_engine
+
     ready, engine_end = CONTEXT.Pipe(duplex=False)
     engine = CONTEXT.Process(target=run_engine, name="mmserver-engine",
-                             args=(settings, socket_path, engine_end, log_level, restart))
+                             args=(settings, socket_path, engine_end, log_level, restart,
+                                   os.getpid() if isolated else None))
     engine.start()
     engine_end.close()
-    return engine, _wait_ready(engine, ready, stopping)
+    return engine, ready
 
 
-def _wait_ready(engine, ready, stopping: list) -> tuple[str, str] | None:
+def wait_ready(engine, ready, stopping: list) -> tuple[str, str] | None:
     """The engine's first word, or None when it ended (or a signal came) first."""
     while not stopping:
         if ready.poll(0.2):

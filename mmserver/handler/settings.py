@@ -7,7 +7,9 @@ Every key the file may hold is one field here, and nothing else reads the file:
   ``BatchSettings.overridden`` when the loader lays them over the server's own settings;
 * ``row_wise`` and ``thread_safe``: true or false (a script may declare either too, with
   ``MMSERVER_ROW_WISE`` / ``MMSERVER_THREAD_SAFE``; the file wins);
-* ``inputs`` and ``outputs``: the model's signature (:mod:`mmserver.signatures`).
+* ``inputs`` and ``outputs``: the model's signature (:mod:`mmserver.signatures`);
+* ``isolation``: ``"process"`` runs the model in a process of its own, ``"none"`` in the
+  registry's (``mmserver.engine.isolated``); absent, the server's setting decides.
 
 A key of no field is refused at load (400) with the keys there are, so a typo never
 silently does nothing; adding a key is one field and one line of :meth:`ModelSettings.parse`.
@@ -21,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from mmserver.batching import KNOBS
+from mmserver.config import ISOLATIONS
 from mmserver.errors import InvalidModelArtifact
 from mmserver.signatures import INPUTS_KEY, OUTPUTS_KEY, TensorSpec, declared_specs
 
@@ -32,7 +35,10 @@ ROW_WISE_ATTRIBUTE = "MMSERVER_ROW_WISE"
 THREAD_SAFE_KEY = "thread_safe"
 THREAD_SAFE_ATTRIBUTE = "MMSERVER_THREAD_SAFE"
 _KNOB_KEYS = frozenset(knob.key for knob in KNOBS)
-KEYS = frozenset({ROW_WISE_KEY, THREAD_SAFE_KEY, INPUTS_KEY, OUTPUTS_KEY}) | _KNOB_KEYS
+#: The mmserver.json key that gives a model a process of its own.
+ISOLATION_KEY = "isolation"
+KEYS = frozenset({ROW_WISE_KEY, THREAD_SAFE_KEY, INPUTS_KEY, OUTPUTS_KEY, ISOLATION_KEY}) | \
+    _KNOB_KEYS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +51,8 @@ class ModelSettings:
     thread_safe: bool | None = None
     inputs: tuple[TensorSpec, ...] | None = None
     outputs: tuple[TensorSpec, ...] | None = None
+    #: One of ``config.ISOLATIONS``, or None: the server's ``MMSERVER_ISOLATION`` decides.
+    isolation: str | None = None
 
     @classmethod
     def read(cls, model_dir: Path) -> ModelSettings:
@@ -71,7 +79,8 @@ class ModelSettings:
             row_wise=_yes_or_no(raw, ROW_WISE_KEY),
             thread_safe=_yes_or_no(raw, THREAD_SAFE_KEY),
             inputs=declared_specs(raw.get(INPUTS_KEY), f"{SETTINGS_FILE} {INPUTS_KEY}"),
-            outputs=declared_specs(raw.get(OUTPUTS_KEY), f"{SETTINGS_FILE} {OUTPUTS_KEY}"))
+            outputs=declared_specs(raw.get(OUTPUTS_KEY), f"{SETTINGS_FILE} {OUTPUTS_KEY}"),
+            isolation=_isolation(raw.get(ISOLATION_KEY)))
 
 
 def _yes_or_no(raw: Mapping[str, object], key: str) -> bool | None:
@@ -79,4 +88,11 @@ def _yes_or_no(raw: Mapping[str, object], key: str) -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise InvalidModelArtifact(f"{key} ({SETTINGS_FILE}) must be true or false, "
                                    f"got {value!r}")
+    return value
+
+
+def _isolation(value: object) -> str | None:
+    if value is not None and value not in ISOLATIONS:
+        raise InvalidModelArtifact(f"{ISOLATION_KEY} ({SETTINGS_FILE}) must be one of "
+                                   f"{', '.join(map(repr, ISOLATIONS))}, got {value!r}")
     return value

@@ -3,47 +3,106 @@
 A thin layer over the :class:`~mmserver.registry.ModelRegistry` (loading, the memory
 rule, unloading) and the :class:`~mmserver.pipeline.InvocationPipeline` (admission,
 the body, the queue, the deadline); the aiohttp host (``http.app``) serves it.
+
+A model with ``isolation: process`` runs in a child process of this one
+(:class:`~mmserver.engine.isolated.IsolatedModel`): its operations go there, and its
+metrics are merged into this process's. A model whose process died and could not load
+it again (or, under ``--http-workers``, that killed the engine as it loaded) is
+*failed* (:attr:`LocalService.failed`): described with the reason, invoked 404 with it,
+until it is loaded again or deleted.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mmserver.config import Settings
+from mmserver.engine.isolated import IsolatedModel
+from mmserver.engine.journal import Failure
+from mmserver.errors import ModelNotFound
 from mmserver.http import answers, triton
 from mmserver.http.requests import SINGLE_MODEL_NAME
 from mmserver.http.service import Call
 from mmserver.loaded_model import LoadedModel, ModelInfo, ModelStatus
-from mmserver.metrics import Metrics
+from mmserver.metrics import Metrics, merged_exposition
 from mmserver.pipeline import Answer, Invocation, InvocationPipeline
 from mmserver.registry import ModelRegistry
 from mmserver.wires import ToolkitHeaders, V2Headers
 
 
 class LocalService:
-    """Every model in this process, under one server's settings."""
+    """Every model in this process and its isolated models' processes, under one server's
+    settings. ``isolating=False``: an isolated model's own engine, which isolates nothing."""
 
-    def __init__(self, settings: Settings, metrics: Metrics | None = None):
+    def __init__(self, settings: Settings, metrics: Metrics | None = None, *,
+                 isolating: bool = True):
         self.settings = settings
         self.metrics = metrics or Metrics()
-        self.registry = ModelRegistry(settings, on_loaded=self.metrics.model_loaded,
-                                      on_unloaded=self.metrics.model_unloaded)
+        self.registry = ModelRegistry(
+            settings, on_loaded=self.metrics.model_loaded,
+            on_unloaded=self.metrics.model_unloaded, isolating=isolating,
+            on_restart=lambda model: self.metrics.model_restarts.labels(model.name).inc(),
+            on_failed=self._failed)
         self.pipeline = InvocationPipeline(settings)
+        #: Models that are not loaded because their process died (module docstring).
+        self.failed: dict[str, Failure] = {}
+        #: Called when :attr:`failed` changes (the engine writes its journal).
+        self.on_change: Callable[[], None] = lambda: None
 
-    async def load(self, name: str, url: str) -> LoadedModel:
-        return await self.registry.load(name, url)
+    def _failed(self, name: str, url: str, reason: str) -> None:
+        self.failed[name] = Failure(url, reason)
+        self.on_change()
+
+    def _not_loaded(self, name: str) -> ModelNotFound:
+        """The 404 of a model that is not loaded, with the reason when it failed."""
+        failure = self.failed.get(name)
+        why = f": {failure.reason}" if failure is not None else ""
+        return ModelNotFound(f"model {name!r} is not loaded{why}")
+
+    def _model(self, name: str) -> LoadedModel | IsolatedModel:
+        try:
+            return self.registry.get(name)
+        except ModelNotFound:
+            raise self._not_loaded(name) from None
+
+    async def load(self, name: str, url: str) -> LoadedModel | IsolatedModel:
+        model = await self.registry.load(name, url)
+        self._loaded_again(name)
+        return model
+
+    def _loaded_again(self, name: str) -> None:
+        if self.failed.pop(name, None) is not None:
+            self.on_change()
 
     async def page(self, limit: int | None,
                    next_page_token: str | None) -> tuple[list[LoadedModel], str | None]:
         return self.registry.page(limit, next_page_token)
 
     async def describe(self, name: str) -> dict[str, object]:
-        return answers.described(self.registry.info(name))
+        try:
+            info = self.registry.info(name)
+        except ModelNotFound:
+            failure = self.failed.get(name)
+            if failure is None:
+                raise
+            return {"modelName": name, "modelUrl": failure.url, "status": "failed",
+                    "failure": failure.reason}
+        model = next((m for m in self.registry.ready() if m.name == name), None)
+        if isinstance(model, IsolatedModel):
+            return await model.describe()
+        return answers.described(info)
 
     async def unload(self, name: str) -> None:
+        if self.failed.pop(name, None) is not None:
+            self.on_change()
+            return
         await self.registry.unload(name)
 
     async def invoke(self, name: str, headers: ToolkitHeaders | V2Headers, call: Call
                      ) -> Answer:
-        model = self.registry.get(name)
+        model = self._model(name)
+        if isinstance(model, IsolatedModel):
+            return await model.invoke(headers, call)
         return await self.pipeline.run(model, Invocation(
             wire=headers.wire(model, self.settings.default_accept),
             content_length=call.content_length, read_body=call.read_body,
@@ -53,24 +112,46 @@ class LocalService:
         return self.registry.info(name).status
 
     async def model_metadata(self, name: str) -> dict[str, object]:
-        return triton.model_metadata(self.registry.get(name))
+        model = self._model(name)
+        if isinstance(model, IsolatedModel):
+            return await model.model_metadata()
+        return triton.model_metadata(model)
 
     async def model_config(self, name: str) -> dict[str, object]:
-        return triton.model_config(self.registry.get(name))
+        model = self._model(name)
+        if isinstance(model, IsolatedModel):
+            return await model.model_config()
+        return triton.model_config(model)
 
     async def model_statistics(self, name: str | None) -> list[dict[str, object]]:
-        models = [self.registry.get(name)] if name is not None else [
+        models = [self._model(name)] if name is not None else [
             model for model in self.registry.ready() if model.status == ModelStatus.READY]
-        return [triton.model_stats(model) for model in models]
+        stats = []
+        for model in models:
+            if isinstance(model, IsolatedModel):
+                stats.extend(await model.model_statistics())
+            else:
+                stats.append(triton.model_stats(model))
+        return stats
 
     async def index(self) -> list[ModelInfo]:
         return self.registry.index()
 
     async def load_folder(self, name: str) -> None:
         await self.registry.load_folder(name)
+        self._loaded_again(name)
 
     async def exposition(self) -> bytes:
-        return self.metrics.exposition()
+        """This process's metrics, and each isolated model's own series from its process."""
+        own = self.metrics.exposition()
+        isolated = [model for model in self.registry.ready() if isinstance(model, IsolatedModel)]
+        if not isolated:
+            return own
+        parts = [(own, lambda labels: labels)]
+        for model in isolated:
+            parts.append((await model.exposition(), lambda labels, name=model.name: (
+                labels if labels.get("model") == name else None)))
+        return merged_exposition(parts)
 
     def count_invocation(self, name: str, status: int, seconds: float) -> None:
         """One invocation answered, with its status and seconds, into the request metrics."""

@@ -31,9 +31,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
@@ -44,6 +41,7 @@ from mmserver.http import answers
 from mmserver.http.triton import INFERENCE_DURATIONS
 from mmserver.http.service import Call
 from mmserver.loaded_model import ModelInfo, ModelStatus
+from mmserver.metrics import merged_exposition
 from mmserver.model_roots import ModelRoots
 from mmserver.pipeline import Answer, check_payload_size
 from mmserver.ray.host import Held, Invoked
@@ -288,26 +286,6 @@ def _add_durations(into: dict[str, Any], durations: dict[str, dict[str, int]]) -
 
 def labelled_by_replica(expositions: list[tuple[str, bytes]]) -> bytes:
     """Each ``(replica id, Prometheus text)``'s series with a ``replica`` label, as one text."""
-    families: dict[str, Any] = {}
-    for replica, text in expositions:
-        for family in text_string_to_metric_families(text.decode()):
-            merged = families.setdefault(family.name, family)
-            labelled = [Sample(s.name, {**s.labels, "replica": replica}, s.value, s.timestamp,
-                               s.exemplar) for s in family.samples]
-            if merged is family:
-                family.samples = labelled
-            else:
-                merged.samples.extend(labelled)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(list(families.values())))
-    return generate_latest(registry)
-
-
-class _Families:
-    """Parsed metric families, as a collector (what ``generate_latest`` writes out)."""
-
-    def __init__(self, families: list[Any]):
-        self.families = families
-
-    def collect(self) -> list[Any]:
-        return self.families
+    return merged_exposition(
+        (text, lambda labels, replica=replica: {**labels, "replica": replica})
+        for replica, text in expositions)
