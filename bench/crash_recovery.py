@@ -14,6 +14,10 @@ small CNN) and the same ``.npy`` body:
 * ``mmserver --http-workers 2``: the engine process that holds the model is killed; the
   supervisor starts another, which imports torch and loads the model again
   (README, "HTTP workers");
+* ``isolated``: one mmserver process, the model with ``"isolation": "process"`` in its
+  ``mmserver.json`` beside a copy without it; the isolated model's process is killed, and a
+  second client on the copy counts what the other model answered meanwhile (README,
+  "Isolation");
 * ``torchserve`` (when ``torchserve``, ``torch-model-archiver`` and ``java`` are installed):
   its Python backend worker (``model_service_worker``) is killed; the frontend starts another.
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -62,11 +67,13 @@ class Client(threading.Thread):
     def __init__(self, url: str, path: str, body: bytes):
         super().__init__(daemon=True)
         self.url, self.path, self.body = url, path, body
-        self.answers: list[tuple[float, int | str]] = []   # (monotonic time answered, status)
+        #: (monotonic time sent, time answered, status)
+        self.answers: list[tuple[float, float, int | str]] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.is_set():
+            sent = time.monotonic()
             try:
                 status = http_request(self.url, "POST", self.path, self.body, peers.NPY,
                                       timeout=CLIENT_TIMEOUT_S)[0]
@@ -75,13 +82,15 @@ class Client(threading.Thread):
             except OSError:
                 status = "refused"
                 time.sleep(0.01)
-            self.answers.append((time.monotonic(), status))
+            self.answers.append((sent, time.monotonic(), status))
 
     def first_200_after(self, moment: float, timeout: float) -> float | None:
+        """When the first request sent after ``moment`` and answered 200 was answered (one
+        sent before may still have been answered by the process just killed)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for answered, status in list(self.answers):
-                if answered > moment and status == 200:
+            for sent, answered, status in list(self.answers):
+                if sent > moment and status == 200:
                     return answered
             time.sleep(0.01)
         return None
@@ -103,10 +112,15 @@ def torchserve_worker_pid(server: ServerProcess) -> int:
     raise RuntimeError("TorchServe has no backend worker process")
 
 
-def measure(name: str, server: ServerProcess, path: str, victim, repeats: int) -> list[float]:
-    """Seconds from each kill to the first 200 after it; prints what the client saw."""
+def measure(name: str, server: ServerProcess, path: str, victim, repeats: int,
+            bystander: str | None = None) -> list[float]:
+    """Seconds from each kill to the first 200 after it; prints what the client saw, and
+    what a second client on the ``bystander`` path saw throughout."""
     client = Client(server.url, path, peers.BODY)
     client.start()
+    other = Client(server.url, bystander, peers.BODY) if bystander else None
+    if other is not None:
+        other.start()
     recoveries = []
     try:
         for repeat in range(repeats):
@@ -121,22 +135,30 @@ def measure(name: str, server: ServerProcess, path: str, victim, repeats: int) -
                                    f"{server.log()[-3000:]}")
             recoveries.append(served - killed)
             time.sleep(SETTLE_S)
-            during = collections.Counter(status for answered, status in client.answers[seen_before:]
-                                         if answered <= served)
+            during = collections.Counter(status for _, answered, status
+                                         in client.answers[seen_before:] if answered <= served)
             print(f"{name:10s} kill {repeat + 1}: serving again after {served - killed:6.2f} s; "
                   f"meanwhile {dict(during)}", flush=True)
     finally:
-        client.stop.set()
-        client.join(CLIENT_TIMEOUT_S + 5)
-    hangs = sum(status == "hung" for _, status in client.answers)
+        for each in (client, other):
+            if each is not None:
+                each.stop.set()
+                each.join(CLIENT_TIMEOUT_S + 5)
+    hangs = sum(status == "hung" for _, _, status in client.answers)
     print(f"{name:10s} {len(client.answers)} requests answered in all, {hangs} hung")
+    if other is not None:
+        print(f"{name:10s} the other model, throughout: "
+              f"{dict(collections.Counter(status for _, _, status in other.answers))}")
     return recoveries
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2 if QUICK else 5)
-    parser.add_argument("--only", default="mmserver,torchserve")
+    parser.add_argument("--only", default="mmserver,isolated,torchserve")
+    parser.add_argument("--quiet-neighbour", action="store_true",
+                        help="isolated: no client on the other model (its load then takes "
+                             "no CPU from the restart)")
     args = parser.parse_args()
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     only = args.only.split(",")
@@ -154,6 +176,17 @@ def main() -> None:
                 wait_for_http_workers(server.url, HTTP_WORKERS, WORKER_HEADER)
                 medians["mmserver"] = statistics.median(
                     measure("mmserver", server, "/models/cnn/invoke", engine_pid, args.repeats))
+        if "isolated" in only:
+            shutil.copytree(root / "cnn", root / "isolated")
+            (root / "isolated" / "mmserver.json").write_text('{"isolation": "process"}')
+            server = ServerProcess(["--model-root", str(root), "--preload",
+                                    f"cnn={root / 'isolated'}", "--preload",
+                                    f"other={root / 'cnn'}", "--log-level", "WARNING"],
+                                   cwd=harness.REPO, env=harness.ONE_THREAD)
+            with harness.serving(server):
+                medians["isolated"] = statistics.median(measure(
+                    "isolated", server, "/models/cnn/invoke", engine_pid, args.repeats,
+                    bystander=None if args.quiet_neighbour else "/models/other/invoke"))
         if "torchserve" in only:
             servers = peers.make_servers(root, ["torchserve"])   # prints why when it cannot run
             if "torchserve" in servers:
@@ -166,9 +199,11 @@ def main() -> None:
     print(f"median seconds from the kill to serving again, over {args.repeats} kills:")
     for name, median in medians.items():
         print(f"  {name:10s} {median:6.2f} s")
-    if len(medians) == 2:
-        print(f"  mmserver / torchserve: {medians['mmserver'] / medians['torchserve']:.2f}")
-    else:
+    ratios = [(a, b) for a, b in (("isolated", "mmserver"), ("mmserver", "torchserve"),
+                                  ("isolated", "torchserve")) if a in medians and b in medians]
+    for a, b in ratios:
+        print(f"  {a} / {b}: {medians[a] / medians[b]:.2f}")
+    if not ratios:
         print("  no ratio: only one server ran in this run")
 
 
