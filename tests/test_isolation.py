@@ -19,12 +19,19 @@ import signal
 import tempfile
 from pathlib import Path
 
-import psutil
 import pytest
 
 from conftest import running_server, write_code, write_torchscript
 from helpers import assert_error, wait_until
-from test_http_workers import LOAD_KILLER_CODE, SEGFAULT_CODE, WORKERS, _post
+from test_http_workers import (
+    LOAD_KILLER_CODE,
+    ONE_SECOND_CODE,
+    SEGFAULT_CODE,
+    WORKERS,
+    _alive,
+    _descendants,
+    _post,
+)
 
 from mmserver.engine.isolated import FOLDER_PREFIX, ISOLATED, ISOLATION_KEY
 from mmserver.harness.testing import wait_for_http_workers
@@ -40,7 +47,7 @@ def root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("isolated-models")
     write_torchscript(root / "affine")
     for name, code in (("segfault", SEGFAULT_CODE), ("killer", LOAD_KILLER_CODE),
-                       ("fragile", LOAD_KILLER_CODE)):
+                       ("fragile", LOAD_KILLER_CODE), ("slow", ONE_SECOND_CODE)):
         write_code(root / name, code)
         (root / name / "mmserver.json").write_text(ISOLATED_SETTINGS)
     write_code(root / "typo", SEGFAULT_CODE)
@@ -82,17 +89,6 @@ def _metric(server, pattern: str) -> float | None:
 
 def _affine_serves(server) -> None:
     assert _post(server, "affine", [[1.0, 2.0, 3.0]])[::2] == (200, [[3.0, 5.0, 7.0]])
-
-
-def _descendants(pid: int) -> set[int]:
-    return {child.pid for child in psutil.Process(pid).children(recursive=True)}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _isolation_folders() -> set[str]:
@@ -177,6 +173,23 @@ def test_a_model_that_kills_its_process_as_it_loads_is_failed_not_loaded_again(s
 def test_an_unknown_isolation_is_refused_at_load(server):
     body = assert_error(server.load("typo", "typo"), 400, "InvalidModelArtifact")
     assert "'none', 'process'" in body["message"]
+
+
+def test_sigterm_answers_an_isolated_models_requests_and_leaves_nothing_behind(root):
+    folders_before = _isolation_folders()
+    with running_server(["--model-root", str(root), "--no-access-log"]) as server:
+        assert server.load("slow", "slow")[0] == 200
+        child = _serving_process(server, "slow", restarts=0)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            pending = [pool.submit(_post, server, "slow", [[float(i)]]) for i in range(1, 5)]
+            assert wait_until(lambda: _described(server, "slow")["stats"]["requestsInFlight"]
+                              == 4, 10)
+            server.process.send_signal(signal.SIGTERM)
+            assert [future.result(timeout=30)[::2] for future in pending] == [
+                (200, [[float(i)]]) for i in range(1, 5)]
+            assert server.process.wait(25) == 0
+    assert wait_until(lambda: not _alive(child), 10)
+    assert _isolation_folders() == folders_before
 
 
 def test_with_http_workers_an_isolated_models_crash_leaves_the_engine_serving(root):

@@ -158,14 +158,17 @@ class IsolatedModel:
             shutil.rmtree(self._folder, ignore_errors=True)
 
     async def _end_child(self, drain_timeout: float) -> None:
-        """SIGTERM (the child drains its queue), the answers, then a kill past the time."""
+        """SIGTERM (the child drains its queue), its answers, its exit, all within
+        ``drain_timeout`` s; then a kill."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_timeout
         process = self._process
         if process is not None and process.is_alive():
             process.terminate()
         if self._client is not None:
             await self._client.close(timeout=drain_timeout)
         if process is not None:
-            await asyncio.to_thread(process.join, max(1.0, drain_timeout))
+            await asyncio.to_thread(process.join, max(0.5, deadline - loop.time()))
             if process.is_alive():
                 log.warning("model=%s its process (pid %d) did not stop in time; killing it",
                             self.name, process.pid)
