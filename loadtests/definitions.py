@@ -162,6 +162,19 @@ def t_http_s(server_cpu_s: float, answered: int) -> float:
     return server_cpu_s / answered
 
 
+def cores_to_feed(device_ceiling_rps: float, t_http: float) -> float:
+    """Cores of server work that serving a device's ceiling takes: ``ceiling × t_http``.
+
+    ``device_ceiling_rps`` is the device's ``offline_ceiling_rps`` at the server's
+    MAX_BATCH_SIZE; ``t_http`` the CPU seconds one process (or one of a server's processes)
+    spent per request, measured with a model that holds no CPU (``t_http_s``). Arithmetic,
+    not a measurement: under 1, one core can keep the device busy; over 1, a process doing
+    that work is the limit, not the device, however idle the device is.
+    """
+    _positive(device_ceiling_rps=device_ceiling_rps, t_http=t_http)
+    return device_ceiling_rps * t_http
+
+
 def serial_limit_rps(t_http: float, call_s: float, batch_rows: float) -> float:
     """``1 / (t_http + t(b)/b)``: requests/s one core can serve at batches of ``b`` rows.
 

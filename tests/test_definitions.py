@@ -100,6 +100,13 @@ def test_t_http_is_cpu_seconds_per_answer():
         d.t_http_s(0.469, 0)
 
 
+def test_cores_to_feed_is_the_devices_ceiling_times_the_cpu_per_request():
+    assert d.cores_to_feed(10_000.0, 250e-6) == exactly(2.5)
+    assert d.cores_to_feed(1_000.0, 250e-6) == exactly(0.25)
+    with pytest.raises(ValueError):
+        d.cores_to_feed(1_000.0, 0.0)
+
+
 def test_serial_limit():
     # notebook 04's numbers: t_http 469 µs, a batch of 16 at 9.6 ms (600 µs a row)
     assert d.serial_limit_rps(469e-6, 0.0096, 16) == exactly(1 / 1069e-6)
