@@ -21,4 +21,8 @@ and answer as bytes inside that message (no tensor is pickled: the engine decode
 encodes, so a model's own ``input_fn``/``output_fn`` run in the engine, as MMS and
 TorchServe run user code in their backend workers). Messages written in one turn of the
 event loop leave in one write (``channel.Channel``).
+
+The same engine, holding one model, is what ``"isolation": "process"`` gives a model
+(``isolated``): a child of the process that holds the registry, with one process or many,
+so that a native crash in that model's code costs only that model.
 """
