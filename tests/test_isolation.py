@@ -170,6 +170,20 @@ def test_a_model_that_kills_its_process_as_it_loads_is_failed_not_loaded_again(s
     assert server.process.poll() is None
 
 
+def test_an_isolated_model_holds_its_name_and_its_place_in_the_limits(root):
+    """409 while its name is taken, 507 past MMSERVER_MAX_MODELS, its memory as its process
+    measured it: the registry's rules hold for a model in another process."""
+    with running_server(["--model-root", str(root), "--no-access-log"],
+                        env={**os.environ, "MMSERVER_MAX_MODELS": "1"}) as server:
+        assert server.load("slow", "slow")[0] == 200
+        assert_error(server.load("slow", "slow"), 409, "ModelAlreadyLoaded")
+        assert_error(server.load("affine", "affine"), 507, "InsufficientResources")
+        described = _described(server, "slow")
+        assert described["memoryBytes"] > 0 and described["device"] == "cpu", described
+        assert server.unload("slow")[0] == 200
+        assert server.load("affine", "affine")[0] == 200
+
+
 def test_an_unknown_isolation_is_refused_at_load(server):
     body = assert_error(server.load("typo", "typo"), 400, "InvalidModelArtifact")
     assert "'none', 'process'" in body["message"]
