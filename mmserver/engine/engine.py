@@ -90,8 +90,8 @@ class EngineOperations:
                 with self.loading(name, url):
                     await self.service.load(name, url)
             except MMServerError as error:
-                self.service.failed[name] = Failure(url, f"it did not load again after the engine "
-                                                 f"process was restarted: {error}")
+                self.service.failed[name] = Failure(
+                    url, f"it did not load again after the engine process was restarted: {error}")
 
     async def load(self, name: str, url: str) -> Listed:
         with self.loading(name, url):

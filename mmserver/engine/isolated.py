@@ -11,7 +11,7 @@ and unloading work as for any model; the model's queue and batching are in the c
 
 When the child dies, its in-flight requests are answered 503 at once (the client's
 connection ended), and so is every request until a new child serves: the message names
-the model and the signal. The model is loaded again in a new child, within
+the model, and once the death is seen, the signal. The model is loaded again in a new child, within
 ``MMSERVER_LOAD_TIMEOUT``; the other models never notice. If the new child cannot load
 it (it dies again, or the load fails), the model is marked failed with the reason, so a
 model that kills its process as it loads is not loaded for ever: describe says why, its
