@@ -1,0 +1,93 @@
+"""The arenas that carry rows between an HTTP worker and the engine (``engine.shared``)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from mmserver.engine.shared import ALIGN_BYTES, INLINE, SHARED, Arena, pack, unpack
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="no memfd_create")
+
+DTYPES = [torch.bool, torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.int8, torch.int16, torch.int32, torch.int64,
+          torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64]
+
+
+@pytest.fixture
+def arena():
+    arena = Arena.create("test", size=64 * 1024)
+    yield arena
+    arena.close()
+
+
+def _reader(arena: Arena) -> Arena:
+    """The other process's view: the same memory through a second descriptor."""
+    return Arena(os.dup(arena.fd))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_dtype_crosses_with_its_values_and_shape(arena, dtype):
+    data = (torch.arange(24).reshape(2, 3, 4) % 7).to(dtype)
+    descriptor, offset = pack(data, arena)
+    assert descriptor[0] == SHARED and offset is not None
+    reader = _reader(arena)
+    try:
+        out = unpack(descriptor, reader, copy=True)
+        assert out.dtype == dtype and out.shape == (2, 3, 4) and torch.equal(out, data)
+    finally:
+        reader.close()
+
+
+def test_nested_data_crosses_as_it_is_and_a_view_sees_the_writers_bytes(arena):
+    data = {"ids": torch.tensor([[1, 2]]), "pair": (torch.ones(1, 3), [torch.zeros(1, 1)]),
+            "note": "kept"}
+    descriptor, offset = pack(data, arena)
+    assert offset == 0
+    out = unpack(descriptor, arena, copy=False)
+    assert out["note"] == "kept" and isinstance(out["pair"], tuple) \
+        and isinstance(out["pair"][1], list)
+    assert torch.equal(out["ids"], data["ids"]) and torch.equal(out["pair"][0], torch.ones(1, 3))
+    copied = unpack(descriptor, arena, copy=True)
+    out["ids"][0, 0] = 9  # a view writes the shared bytes; a copy does not see it
+    assert unpack(descriptor, arena, copy=False)["ids"][0, 0] == 9
+    assert copied["ids"][0, 0] == 1
+
+
+def test_a_non_contiguous_or_grad_tensor_crosses_as_its_values(arena):
+    base = torch.arange(12.0).reshape(3, 4)
+    for data in (base.t(), base.requires_grad_(True) * 2):
+        descriptor, offset = pack(data, arena)
+        assert torch.equal(unpack(descriptor, arena, copy=True), data.detach())
+        arena.free(offset)
+
+
+def test_regions_are_aligned_reused_once_freed_and_joined_with_their_neighbours(arena):
+    offsets = [pack(torch.zeros(10, dtype=torch.uint8), arena)[1] for _ in range(3)]
+    assert offsets == [0, ALIGN_BYTES, 2 * ALIGN_BYTES]
+    arena.free(offsets[1])
+    assert pack(torch.zeros(ALIGN_BYTES, dtype=torch.uint8), arena)[1] == ALIGN_BYTES
+    arena.free(ALIGN_BYTES)
+    arena.free(offsets[0])
+    arena.free(offsets[2])
+    assert arena.bytes_in_use == 0
+    whole = torch.zeros(arena.size, dtype=torch.uint8)  # only a joined arena holds this
+    assert pack(whole, arena)[1] == 0
+
+
+def test_data_that_does_not_fit_travels_in_the_message(arena):
+    big = torch.arange(arena.size // 8 + 1, dtype=torch.int64)
+    descriptor, offset = pack(big, arena)
+    assert descriptor[0] == INLINE and offset is None
+    assert torch.equal(unpack(descriptor, None, copy=False), big)
+    assert arena.bytes_in_use == 0
+    plain, offset = pack([torch.ones(2)], None)  # no arena at all
+    assert offset is None and torch.equal(unpack(plain, None, copy=False)[0], torch.ones(2))
+
+
+def test_a_descriptor_outside_the_arena_is_refused(arena):
+    with pytest.raises(ValueError, match="outside the arena"):
+        unpack((SHARED, arena.size - 4, "torch.float32", (2,)), arena, copy=True)
+    with pytest.raises(ValueError, match="without any"):
+        unpack((SHARED, 0, "torch.float32", (2,)), None, copy=True)
