@@ -667,3 +667,80 @@ def test_a_reserved_slot_submits_with_its_deadline():
 
     run(main())
     assert model.calls == [[0.0]]
+
+
+def test_enqueued_requests_answer_on_their_futures_and_a_withdrawn_one_never_runs():
+    """The engine's path for its HTTP workers' rows: queued without a coroutine each."""
+    model = Held()
+
+    async def main():
+        settings = BatchSettings(max_batch_size=4, max_wait=0)
+        async with ModelRunner(model, settings) as runner:
+            first = runner.enqueue(row(0.0))
+            await model.wait_entered()
+            kept, withdrawn = runner.enqueue(row(1.0)), runner.enqueue(row(2.0))
+            assert runner.queue_depth == 2
+            runner.withdraw(withdrawn)
+            assert runner.queue_depth == 1 and withdrawn.future.cancelled()
+            model.release.set()
+            assert torch.equal(await first.future, row(1.0))
+            assert torch.equal(await kept.future, row(3.0))
+            runner.withdraw(kept)  # after its answer: nothing changes
+            assert not kept.future.cancelled()
+            return runner.stats
+
+    stats = run(main())
+    assert model.calls == [[0.0], [1.0]]
+    assert (stats.requests_submitted, stats.requests_completed, stats.requests_cancelled) == \
+        (3, 2, 1)
+
+
+def test_an_enqueued_request_past_its_deadline_is_answered_and_leaves_the_queue():
+    model = Held()
+
+    async def main():
+        settings = BatchSettings(max_batch_size=1, max_wait=0)
+        async with ModelRunner(model, settings, name="m") as runner:
+            first = runner.enqueue(row(0.0))
+            await model.wait_entered()
+            late = runner.enqueue(row(1.0), asyncio.get_running_loop().time() + 0.01)
+            with pytest.raises(InvocationTimeout, match="before the request's deadline"):
+                await asyncio.wait_for(late.future, GATE_SECONDS)
+            assert runner.queue_depth == 0
+            model.release.set()
+            await first.future
+        with pytest.raises(RunnerClosed):
+            runner.enqueue(row(2.0))
+
+    run(main())
+    assert model.calls == [[0.0]]
+
+
+def test_admission_changes_are_reported_once_per_change_of_kind():
+    """What the engine tells its HTTP workers: the queue filled, then it has room again."""
+    model = Held()
+    reports = []
+
+    async def main():
+        settings = BatchSettings(max_batch_size=1, max_wait=0, max_queue_size=2)
+        async with ModelRunner(model, settings, name="m") as runner:
+            runner.watch_admission(reports.append)
+            assert runner.refusal() is None
+            first = runner.enqueue(row(0.0))
+            await model.wait_entered()
+            queued = [runner.enqueue(row(1.0)), runner.enqueue(row(2.0))]
+            await asyncio.sleep(0)
+            assert [type(r) for r in reports] == [QueueFull]  # one report for two changes
+            assert str(reports[0]) == "model 'm' has 2 requests queued (max_queue_size=2)"
+            assert runner.stats.requests_rejected == 0  # refusal() only looks
+            runner.enqueue(row(3.0)).future.cancel()  # past the limit, the kind stays
+            await asyncio.sleep(0)
+            assert len(reports) == 1
+            model.release.set()
+            await asyncio.gather(first.future, *(r.future for r in queued))
+            await until(lambda: len(reports) == 2)
+            assert reports[1] is None and runner.refusal() is None
+        await asyncio.sleep(0)
+        assert type(reports[-1]) is RunnerClosed and len(reports) == 3
+
+    run(main())

@@ -210,13 +210,19 @@ class Instances:
         #: Set while every instance is stuck: nothing can drain the queue.
         self.all_stuck = asyncio.Event()
 
-    def open(self, on_unstuck: Callable[[], None]) -> None:
-        """Start the worker threads; ``on_unstuck()`` when a stuck instance can work again."""
+    def open(self, on_unstuck: Callable[[], None],
+             on_stuck: Callable[[], None] = lambda: None) -> None:
+        """Start the worker threads; ``on_unstuck()`` when a stuck instance can work again,
+        ``on_stuck()`` when one gets stuck."""
+        def stuck() -> None:
+            self.stuck_changed()
+            on_stuck()
+
         def unstuck() -> None:
             self.stuck_changed()
             on_unstuck()
         for executor in self.executors:
-            executor.on_stuck, executor.on_unstuck = self.stuck_changed, unstuck
+            executor.on_stuck, executor.on_unstuck = stuck, unstuck
             executor.open()
 
     def idle(self) -> BatchExecutor | None:
@@ -260,14 +266,15 @@ class Instances:
         else:
             self.all_stuck.clear()
 
-    def check_healthy(self) -> None:
-        """Raise :class:`ModelUnhealthy` while every instance is stuck."""
-        if self.all_stuck.is_set():
-            first = self.executors[0]
-            raise ModelUnhealthy(
-                f"model {first.name!r} is unhealthy: a call has run for "
-                f"{self.stuck_seconds():.0f} s, past its {first.call_timeout:g} s limit; "
-                "unload it or wait for the call to return")
+    def unhealthy(self) -> ModelUnhealthy | None:
+        """While every instance is stuck, the :class:`ModelUnhealthy` that says so; else None."""
+        if not self.all_stuck.is_set():
+            return None
+        first = self.executors[0]
+        return ModelUnhealthy(
+            f"model {first.name!r} is unhealthy: a call has run for "
+            f"{self.stuck_seconds():.0f} s, past its {first.call_timeout:g} s limit; "
+            "unload it or wait for the call to return")
 
     def stuck_seconds(self) -> float | None:
         """While every instance is stuck, how long the most recent stuck call has run."""

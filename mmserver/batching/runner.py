@@ -44,7 +44,7 @@ from mmserver.batching.rows import batch_key, rows_of
 from mmserver.batching.settings import BatchSettings
 from mmserver.batching.sizing import BatchSizer
 from mmserver.batching.stats import BatchRecord, RunnerStats
-from mmserver.errors import InvocationTimeout, QueueFull, RunnerClosed
+from mmserver.errors import InvocationTimeout, MMServerError, QueueFull, RunnerClosed
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,9 @@ class ModelRunner:
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
+        self._admission_listener: Callable[[MMServerError | None], None] | None = None
+        self._admission_reported: MMServerError | None = None
+        self._admission_scheduled = False
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -92,9 +95,10 @@ class ModelRunner:
             return
         self._loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
-        self.instances.open(on_unstuck=self._wakeup.set)
+        self.instances.open(on_unstuck=self._unstuck, on_stuck=self._admission_may_change)
         self._closing = False
         self._task = asyncio.create_task(self._run(), name=f"ModelRunner[{self.name}]")
+        self._admission_may_change()
 
     async def stop(self, timeout: float | None = None) -> None:
         """Refuse new requests, answer every accepted one, then stop.
@@ -109,6 +113,7 @@ class ModelRunner:
             return
         self._closing = True
         self._wakeup.set()
+        self._admission_may_change()
         task = self._task
         stuck = asyncio.ensure_future(self.instances.all_stuck.wait())
         try:
@@ -151,22 +156,54 @@ class ModelRunner:
 
     def check_admission(self) -> None:
         """Raise now what :meth:`reserve` would raise, without taking a slot."""
+        refusal = self.refusal()
+        if refusal is not None:
+            if isinstance(refusal, QueueFull):
+                self.stats.requests_rejected += 1
+            raise refusal
+
+    def refusal(self) -> MMServerError | None:
+        """What :meth:`check_admission` would raise now (not counted as a rejection), or None
+        while the runner admits."""
         if not self.running:
-            raise RunnerClosed(f"model {self.name!r} is not accepting requests")
-        self.instances.check_healthy()
+            return RunnerClosed(f"model {self.name!r} is not accepting requests")
+        unhealthy = self.instances.unhealthy()
+        if unhealthy is not None:
+            return unhealthy
         if self.queue_depth >= self.settings.max_queue_size:
-            self.stats.requests_rejected += 1
-            raise QueueFull(
+            return QueueFull(
                 f"model {self.name!r} has {self.queue_depth} requests queued "
                 f"(max_queue_size={self.settings.max_queue_size})",
                 retry_after_seconds=self.stats.drain_seconds(self.queue_depth,
-                                                             self.settings.max_batch_size),
-            )
+                                                             self.settings.max_batch_size))
+        return None
+
+    def watch_admission(self, listener: Callable[[MMServerError | None], None]) -> None:
+        """Call ``listener(refusal)`` on the loop each time :meth:`refusal` changes kind: the
+        queue filled (:class:`QueueFull`), the model got stuck (:class:`ModelUnhealthy`), the
+        runner stopped, or it admits again (None). Changes within one turn of the loop are
+        reported once, at its end. The engine tells its HTTP workers, which then refuse
+        before they read a body, as one process does."""
+        self._admission_listener = listener
+        self._admission_reported = None
+
+    def _admission_may_change(self) -> None:
+        if self._admission_listener is not None and not self._admission_scheduled:
+            self._admission_scheduled = True
+            self._loop.call_soon(self._report_admission)
+
+    def _report_admission(self) -> None:
+        self._admission_scheduled = False
+        refusal = self.refusal()
+        if type(refusal) is not type(self._admission_reported):
+            self._admission_reported = refusal
+            self._admission_listener(refusal)
 
     def reserve(self) -> Reservation:
         """Take a queue slot now, or raise :class:`QueueFull` at once."""
         self.check_admission()
         self._reserved += 1
+        self._admission_may_change()
         return Reservation(self._enqueue, self._give_back_slot)
 
     async def submit(self, data: Any, *, deadline: float | None = None) -> Any:
@@ -182,6 +219,11 @@ class ModelRunner:
     def _give_back_slot(self) -> None:
         self._reserved -= 1
         self._wake()
+        self._admission_may_change()
+
+    def _unstuck(self) -> None:
+        self._wakeup.set()
+        self._admission_may_change()
 
     def _wake(self) -> None:
         """Wake the loop when it can act: an instance is idle (else a batch's end wakes it)."""
@@ -189,28 +231,43 @@ class ModelRunner:
             self._wakeup.set()
 
     async def _enqueue(self, data: Any, deadline: float | None = None) -> Any:
+        request = self.enqueue(data, deadline)
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            self.withdraw(request)
+            raise
+
+    def enqueue(self, data: Any, deadline: float | None = None) -> QueuedRequest:
+        """Queue ``data`` now, without a coroutine: its output rows come on the request's
+        ``future``. For a caller that already checked admission (:meth:`check_admission`)
+        and answers many requests from one callback (the engine's workers' rows). A
+        caller that gives up calls :meth:`withdraw`."""
         if self.concatenate:
             rows, key = rows_of(data), batch_key(data)
         else:
             rows, key = 1, None
         if self._task is None:
             raise RunnerClosed(f"model {self.name!r} is not accepting requests")
-        request = QueuedRequest(data=data, future=self._loop.create_future(),
-                           arrival=self._loop.time(), rows=rows, key=key)
+        loop = self._loop
+        request = QueuedRequest(data=data, future=loop.create_future(),
+                                arrival=loop.time(), rows=rows, key=key)
         self._queue.append(request)
         self.stats.requests_submitted += 1
         self._wake()
-        timer = None if deadline is None else self._loop.call_at(deadline, self._expire, request)
-        try:
-            return await request.future
-        except asyncio.CancelledError:
-            self._leave_queue(request)
-            if request.future.cancelled():  # else it was answered just before the cancel
-                self.stats.requests_cancelled += 1
-            raise
-        finally:
-            if timer is not None:
-                timer.cancel()
+        self._admission_may_change()
+        if deadline is not None:
+            timer = loop.call_at(deadline, self._expire, request)
+            request.future.add_done_callback(lambda _: timer.cancel())
+        return request
+
+    def withdraw(self, request: QueuedRequest) -> None:
+        """The caller gave up on ``request``: it leaves the queue uncomputed (or its batch is
+        answered without it), and counts as cancelled."""
+        request.future.cancel()  # nothing, if it was answered just before
+        self._leave_queue(request)
+        if request.future.cancelled():
+            self.stats.requests_cancelled += 1
 
     def _expire(self, request: QueuedRequest) -> None:
         """The request's deadline passed: answer it now and free its place in the queue."""
@@ -223,6 +280,7 @@ class ModelRunner:
         if request in self._queue:
             self._queue.remove(request)
             self._wake()
+            self._admission_may_change()
 
     # -- the batching loop ---------------------------------------------------
 
@@ -258,11 +316,13 @@ class ModelRunner:
     def _drop_cancelled(self) -> None:
         if any(r.future.done() for r in self._queue):
             self._queue = [r for r in self._queue if not r.future.done()]
+            self._admission_may_change()
 
     def _take(self, positions: tuple[int, ...]) -> list[QueuedRequest]:
         chosen = set(positions)
         batch = [self._queue[i] for i in positions]
         self._queue = [r for i, r in enumerate(self._queue) if i not in chosen]
+        self._admission_may_change()
         return batch
 
     def _batch_done(self, batch: list[QueuedRequest], started: float,
