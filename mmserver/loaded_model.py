@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import enum
 import gc
+import itertools
 import logging
 from pathlib import Path
 
@@ -29,6 +30,10 @@ log = logging.getLogger(__name__)
 
 #: Threads per model for its own input_fn/output_fn: decoding one request while another encodes.
 CODEC_THREADS = 2
+#: Each load in this process gets the next: what names it to other processes (``RowCodecs``).
+_GENERATIONS = itertools.count(1)
+
+
 class ModelStatus(enum.StrEnum):
     """Where a model is in its life; a string, so answers and logs show its value as it is."""
 
@@ -83,6 +88,8 @@ class LoadedModel:
         #: Runs this model's own input_fn/output_fn, so a stuck one holds no other model's thread.
         self.codec_pool = WorkerPool(f"{name}-codec", workers=CODEC_THREADS)
         self.unloading = False
+        #: This load of the model, among every load in this process.
+        self.generation = next(_GENERATIONS)
         self._invocations = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -161,3 +168,7 @@ class _InvocationInProgress:
         model._invocations -= 1
         if model._invocations == 0:
             model._idle.set()
+
+    def ended(self, _: object = None) -> None:
+        """The invocation ended (a future's callback, for one entered without ``with``)."""
+        self.__exit__()

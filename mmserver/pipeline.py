@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmserver.batching.execution import QueuedRequest
 from mmserver.config import Settings
 from mmserver.errors import BodyTimeout, InvocationTimeout, PayloadTooLarge
 from mmserver.loaded_model import LoadedModel
@@ -146,28 +147,59 @@ class InvocationPipeline:
         deadline = asyncio.get_running_loop().time() + settings.model_server_timeout_seconds
         try:
             with model.invocation(), runner.reserve() as slot:
-                if wire.user_code:
-                    pool = codec_pool
-                elif wire.heavy_body(body, settings.decode_in_thread_bytes):
-                    pool = self.decode_pool
-                else:  # small bodies: a thread handoff would cost more
-                    pool = None
+                pool = self.decoding_pool(wire, body, codec_pool)
                 data = wire.decode(body) if pool is None else \
-                    await _before(deadline, pool.run(wire.decode, body))
+                    await before(deadline, pool.run(wire.decode, body))
                 rows = await slot.submit(data, deadline=deadline)
-                if wire.user_code:
-                    pool = codec_pool
-                elif wire.heavy_output(rows):
-                    pool = self.decode_pool
-                else:
-                    pool = None
+                pool = self.encoding_pool(wire, rows, codec_pool)
                 return wire.encode(rows) if pool is None else \
-                    await _before(deadline, pool.run(wire.encode, rows))
+                    await before(deadline, pool.run(wire.encode, rows))
         except InvocationTimeout:
-            raise InvocationTimeout(
-                f"model {model.name!r} did not answer within "
-                f"{settings.model_server_timeout_seconds:g} s "
-                "(SAGEMAKER_MODEL_SERVER_TIMEOUT)") from None
+            raise self.timed_out(model.name) from None
+
+    def decoding_pool(self, wire: Wire, body: bytes, codec_pool: WorkerPool | None = None
+                      ) -> WorkerPool | None:
+        """Where ``wire`` decodes ``body`` (step 3): the model's threads for its own code, the
+        decode threads for a large body or an image, else (None) on the event loop, where a
+        small body costs less than a thread handoff."""
+        if wire.user_code:
+            return codec_pool
+        if wire.heavy_body(body, self.settings.decode_in_thread_bytes):
+            return self.decode_pool
+        return None
+
+    def encoding_pool(self, wire: Wire, rows: Any, codec_pool: WorkerPool | None = None
+                      ) -> WorkerPool | None:
+        """Where ``wire`` encodes ``rows`` (step 5), by the same rule."""
+        if wire.user_code:
+            return codec_pool
+        return self.decode_pool if wire.heavy_output(rows) else None
+
+    def submit(self, model: LoadedModel, data: Any) -> QueuedRequest:
+        """Rows another process decoded (an HTTP worker over the engine), queued now: steps 4
+        on, without a coroutine, so the engine answers a burst of them from one callback.
+        Admission, the deadline and ``model.invocation()`` are :meth:`run`'s; the rows or
+        the error come on the returned request's ``future``, a timeout as
+        :meth:`timed_out`'s once the caller asks."""
+        runner = model.runner
+        runner.check_admission()
+        deadline = asyncio.get_running_loop().time() + self.settings.model_server_timeout_seconds
+        invocation = model.invocation()
+        invocation.__enter__()
+        try:
+            request = runner.enqueue(data, deadline)
+        except BaseException:
+            invocation.__exit__()
+            raise
+        request.future.add_done_callback(invocation.ended)
+        return request
+
+    def timed_out(self, name: str) -> InvocationTimeout:
+        """What an invocation of model ``name`` past ``model_server_timeout_seconds`` answers
+        (504)."""
+        return InvocationTimeout(
+            f"model {name!r} did not answer within "
+            f"{self.settings.model_server_timeout_seconds:g} s (SAGEMAKER_MODEL_SERVER_TIMEOUT)")
 
 
 def read_whole_body(read_body: Callable[[int], Awaitable[bytes]], body_arrived: bool,
@@ -189,7 +221,7 @@ async def read_within(reading: Awaitable[bytes], timeout: float) -> bytes:
                           "(MMSERVER_BODY_TIMEOUT)") from None
 
 
-async def _before(deadline: float, work: asyncio.Future) -> Any:
+async def before(deadline: float, work: asyncio.Future) -> Any:
     """Await work running in a thread, or raise InvocationTimeout at the deadline."""
     try:
         return await asyncio.wait_for(work, deadline - asyncio.get_running_loop().time())

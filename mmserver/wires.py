@@ -10,9 +10,11 @@ protocol; a :class:`~mmserver.pipeline.Wire` is the part that differs:
   (``input_fn``/``output_fn`` are not called: the protocol decodes and encodes); a
   ``transform_fn`` model takes whole bodies and answers 400 here.
 
-A wire is built where the model is, from the few headers it reads: :class:`ToolkitHeaders`
+A wire is built from the few headers it reads and the model's codecs: :class:`ToolkitHeaders`
 and :class:`V2Headers` are those headers as plain, picklable data, so an HTTP host reads
-them and the process that holds the model (this one, or a Ray model host) makes the wire.
+them and the process that decodes makes the wire: where the model is (this process, or a
+Ray model host), with its handler, or an HTTP worker over the engine, with the row-wise
+model's :class:`~mmserver.handler.folder.RowCodecs`.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ import torch
 
 from mmserver import codecs, errors, v2_tensors
 from mmserver.batching.rows import leaves, rows_of
-from mmserver.handler.folder import ModelHandler
+from mmserver.handler.folder import ModelHandler, RowCodecs
 from mmserver.handler.toolkit import RequestContext
-from mmserver.loaded_model import LoadedModel
 from mmserver.pipeline import ENCODE_IN_THREAD_VALUES, Answer, Wire
 from mmserver.signatures import Signature
 
+#: What a wire decodes and encodes with: the model's handler where the model is, or, in an HTTP
+#: worker, the plain-data codecs of a row-wise model (``RowCodecs``).
+Codecs = ModelHandler | RowCodecs
 #: The v2 protocol: Triton's binary tensor data extension's header, the answers' media types,
 #: and the one version every model has.
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -51,15 +55,15 @@ class ToolkitHeaders:
     accept: str | None = None
     custom_attributes: str | None = None
 
-    def wire(self, model: LoadedModel, default_accept: str) -> ToolkitWire:
-        return ToolkitWire(model.handler, RequestContext.from_headers(
-            model.name, self.content_type, self.accept, self.custom_attributes, default_accept))
+    def wire(self, name: str, handler: Codecs, default_accept: str) -> ToolkitWire:
+        return ToolkitWire(handler, RequestContext.from_headers(
+            name, self.content_type, self.accept, self.custom_attributes, default_accept))
 
 
 class ToolkitWire(Wire):
     """SageMaker's invocations: the model's ``input_fn``/``output_fn``, or the default codecs."""
 
-    def __init__(self, handler: ModelHandler, context: RequestContext):
+    def __init__(self, handler: Codecs, context: RequestContext):
         self.handler = handler
         self.context = context
         self.user_code = handler.user_codecs
@@ -101,26 +105,25 @@ class V2Headers:
             raise errors.InvalidRequest(f"{HEADER_LENGTH} must be a number of bytes, "
                                         f"got {header_length[:40]!r}") from None
 
-    def wire(self, model: LoadedModel, default_accept: str) -> V2Wire:
-        return V2Wire(model, self.header_length, self.content_type)
+    def wire(self, name: str, handler: Codecs, default_accept: str) -> V2Wire:
+        return V2Wire(name, handler, self.header_length, self.content_type)
 
 
 class V2Wire(Wire):
     """An infer request's tensors as the runner's rows, and the output as a v2 answer."""
 
-    def __init__(self, model: LoadedModel, header_length: int | None,
+    def __init__(self, name: str, handler: Codecs, header_length: int | None,
                  content_type: str | None):
-        handler = model.handler
         if not handler.takes_tensors:
             raise errors.InvalidRequest(
-                f"model {model.name!r} is not available over v2: its code defines "
+                f"model {name!r} is not available over v2: its code defines "
                 "transform_fn, which takes the request body itself, not tensors; invoke it "
-                f"with POST /models/{model.name}/invoke")
-        self.model_name = model.name
+                f"with POST /models/{name}/invoke")
+        self.model_name = name
         self.handler = handler
         self.signature: Signature = handler.signature
         self.header_length = header_length
-        self.context = RequestContext(model.name, content_type, JSON_TYPE)
+        self.context = RequestContext(name, content_type, JSON_TYPE)
         self.request: v2_tensors.InferRequest | None = None
 
     def decode(self, body: bytes) -> Any:

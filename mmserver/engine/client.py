@@ -2,20 +2,41 @@
 
 Every operation is one message to the engine and its answer (``engine``); a domain
 error raised there is raised here, so the worker answers the same status and body as
-one process would. The worker itself reads and bounds an invocation's body (the payload
-limit, 413; the body timeout, 408) before it sends it, and counts each invocation in the
-engine's metrics, so ``/metrics`` from any worker shows every worker's requests.
+one process would.
+
+**Invocations of a row-wise model with the default codecs** (every v2 infer request of
+one; a SageMaker invocation when the folder defines no ``input_fn``/``output_fn``) are
+decoded and encoded *here*, in the worker, with the model's :class:`RowCodecs` (fetched
+once per load): the worker refuses what the engine's admission would (the queue full,
+the engine's last notice), reads and bounds the body (413, 408), decodes it, writes the
+rows into the connection's shared memory (``shared``) and sends the engine a ``rows``
+message of a few dozen bytes; the answer's rows come back the same way, and the worker
+encodes them. Every other invocation (a script's ``input_fn``/``output_fn``, or a model
+that is not row-wise) sends the body whole and runs in the engine, where the user's code
+lives with its model, as MMS and TorchServe run it.
 
 If the engine's connection ends (the engine stopped or died), every operation waiting
 on it and every later one answers 503 (:class:`~mmserver.errors.EngineUnavailable`) at
 once; none waits for an answer that cannot come. Meanwhile the worker tries to connect
 again every :data:`RECONNECT_SECONDS`: the socket accepts once the supervisor's new
 engine has loaded the models again, and from then on the worker serves as before.
+
+The messages (a tuple each; ``id`` numbers a worker's requests):
+
+- worker to engine: ``(id, operation, arguments)``; ``(ROWS, id, name, generation,
+  descriptor)``; ``(CANCEL, id)`` (the client went away); ``(FREE, offset)`` (an
+  answer's rows are read); ``(COUNT, name, status, seconds)`` (an answered invocation,
+  for the metrics); ``(REFUSED, name)`` (a 503 for a full queue, counted as rejected).
+- engine to worker: ``(id, True, result)`` or ``(id, False, domain error or None)``;
+  a ``rows`` result is ``(descriptor, offset)``; ``(NOTICE, CHANGED, name, None)`` (the
+  model was loaded or unloaded: forget its codecs) and ``(NOTICE, ADMISSION, name,
+  refusal or None)`` (its runner refuses, or admits again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import itertools
 from collections.abc import Sequence
@@ -24,13 +45,35 @@ from typing import Any
 from mmserver import errors
 from mmserver.config import Settings
 from mmserver.engine.channel import Channel, connect
+from mmserver.engine.shared import pack, unpack
+from mmserver.handler.folder import RowCodecs
 from mmserver.http.service import Call
 from mmserver.loaded_model import ModelInfo, ModelStatus
-from mmserver.pipeline import Answer, check_payload_size, read_whole_body
+from mmserver.pipeline import (
+    Answer,
+    InvocationPipeline,
+    Wire,
+    before,
+    check_payload_size,
+    read_whole_body,
+)
 from mmserver.wires import ToolkitHeaders, V2Headers
 
 #: While the engine is gone, the pause between the worker's attempts to reach a new one.
 RECONNECT_SECONDS = 0.1
+#: Past an invocation's own deadline (the engine answers 504 then), how long the worker
+#: still waits for the engine's answer before it answers 504 itself.
+ANSWER_GRACE_SECONDS = 1.0
+#: The messages' kinds (the module docstring).
+ROWS, FREE, COUNT, CANCEL, REFUSED, NOTICE = "rows", "free", "count", "cancel", "refused", "notice"
+#: What a notice tells.
+CHANGED, ADMISSION = "changed", "admission"
+_UNKNOWN = object()
+
+
+class CodecsChanged(errors.RetryLater):
+    """Rows decoded with the codecs of a load of the model that is no longer the one loaded;
+    the worker fetches the new codecs and decodes again (once; a second time, 503)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +100,19 @@ class EngineService:
         self._ids = itertools.count()
         self._reading: asyncio.Task | None = None
         self._lost: str | None = None
+        #: Per model, its RowCodecs, or None: its bodies go to the engine whole.
+        self._codecs: dict[str, RowCodecs | None] = {}
+        #: Per model, what its runner refuses now (the engine's last notice).
+        self._refusals: dict[str, errors.MMServerError] = {}
+        #: Rows sent and not yet answered: where they lie in the requests' arena (or None).
+        self._rows_sent: dict[int, int | None] = {}
+        #: The worker's own decode threads (large bodies, images), as one process has.
+        self._pipeline = InvocationPipeline(settings)
 
     # -- the connection ------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._channel = await connect(self.socket_path)
+        self._channel = await connect(self.socket_path, self._received)
         self._reading = asyncio.create_task(self._stay_connected())
 
     async def close(self, timeout: float | None = None) -> None:
@@ -76,70 +127,169 @@ class EngineService:
                                timeout=min(0.5, deadline - loop.time()))
         if self._reading is not None:
             self._reading.cancel()
-        self._fail_waiting()
+        self._forget_connection()
         if self._channel is not None:
             self._channel.close()
+        self._pipeline.close()
 
-    def _fail_waiting(self) -> None:
+    def _forget_connection(self) -> None:
+        """The connection ended: fail what waits on it, and drop what it told."""
         for waiting in self._waiting.values():
             if not waiting.done():
                 waiting.set_exception(errors.EngineUnavailable(self._died))
         self._waiting.clear()
+        self._rows_sent.clear()
+        self._codecs.clear()
+        self._refusals.clear()
 
     async def _stay_connected(self) -> None:
         while True:
-            await self._read_answers()
+            await self._channel.lost
             self._lost = self._restarting
-            self._fail_waiting()
-            self._channel.close()
+            self._forget_connection()
             while True:
                 await asyncio.sleep(RECONNECT_SECONDS)
                 try:
-                    self._channel = await connect(self.socket_path)
+                    self._channel = await connect(self.socket_path, self._received)
                     break
                 except OSError:
                     continue
             self._lost = None
 
-    async def _read_answers(self) -> None:
-        """Settle each answer's waiting operation, until the connection ends."""
-        try:
-            while True:
-                request_id, ok, value = await self._channel.receive()
-                waiting = self._waiting.pop(request_id, None)
-                if waiting is None or waiting.done():
-                    continue  # its client went away
-                if ok:
-                    waiting.set_result(value)
+    def _received(self, messages: list) -> None:
+        """The engine's notices and answers, as a read brings them."""
+        for message in messages:
+            if message[0] == NOTICE:
+                _, what, name, value = message
+                if what == CHANGED:
+                    self._codecs.pop(name, None)
+                    self._refusals.pop(name, None)
                 elif value is None:
-                    waiting.set_exception(RuntimeError("the engine failed the operation; "
-                                                       "see its log"))
+                    self._refusals.pop(name, None)
                 else:
-                    waiting.set_exception(value)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return
+                    self._refusals[name] = value
+                continue
+            request_id, ok, value = message
+            rows = request_id in self._rows_sent
+            if rows:
+                region = self._rows_sent.pop(request_id)
+                if region is not None:  # the engine copied the rows out when they arrived
+                    self._channel.outgoing.free(region)
+            waiting = self._waiting.pop(request_id, None)
+            if waiting is None or waiting.done():  # its client went away
+                if rows and ok and value[1] is not None:
+                    self._channel.send((FREE, value[1]))
+            elif ok:
+                waiting.set_result(value)
+            elif value is None:
+                waiting.set_exception(RuntimeError("the engine failed the operation; "
+                                                   "see its log"))
+            else:
+                waiting.set_exception(value)
 
-    async def _ask(self, operation: str, *arguments: Any) -> Any:
+    def _request(self) -> tuple[int, asyncio.Future]:
+        """A new request's id and the future its answer settles (503 while disconnected)."""
         if self._lost is not None:
             raise errors.EngineUnavailable(self._lost)
         request_id = next(self._ids)
         waiting = self._waiting[request_id] = asyncio.get_running_loop().create_future()
+        return request_id, waiting
+
+    async def _await(self, request_id: int, waiting: asyncio.Future) -> Any:
         try:
-            self._channel.send((request_id, operation, arguments))
             return await waiting
         except asyncio.CancelledError:
             if self._lost is None:  # the client went away: the engine stops the work too
-                self._channel.send(("cancel", request_id))
+                self._channel.send((CANCEL, request_id))
             raise
         finally:
             self._waiting.pop(request_id, None)
 
+    async def _ask(self, operation: str, *arguments: Any) -> Any:
+        request_id, waiting = self._request()
+        self._channel.send((request_id, operation, arguments))
+        return await self._await(request_id, waiting)
+
     def count_invocation(self, name: str, status: int, seconds: float) -> None:
         """One invocation answered by this worker, into the engine's metrics."""
         if self._lost is None and self._channel is not None:
-            self._channel.send(("count", name, status, seconds))
+            self._channel.send((COUNT, name, status, seconds))
 
-    # -- the ModelService's operations ---------------------------------------------------------
+    # -- invocations -------------------------------------------------------------------
+
+    async def invoke(self, name: str, headers: ToolkitHeaders | V2Headers, call: Call
+                     ) -> Answer:
+        codecs = await self._row_codecs(name)
+        if call.content_length is not None:
+            check_payload_size(call.content_length, self.settings.max_payload_bytes)
+        if not _decodes_here(codecs, headers):
+            body = await read_whole_body(call.read_body, call.body_arrived, self.settings)
+            return await self._ask("invoke", name, headers, body)
+        refusal = self._refusals.get(name)
+        if refusal is not None:
+            if isinstance(refusal, errors.QueueFull):
+                self._channel.send((REFUSED, name))
+            raise copy.copy(refusal)
+        wire = headers.wire(name, codecs, self.settings.default_accept)
+        wire.admit()
+        body = await read_whole_body(call.read_body, call.body_arrived, self.settings)
+        try:
+            return await self._invoke_rows(name, codecs.generation, wire, body)
+        except CodecsChanged:  # loaded again since this worker fetched the codecs
+            self._codecs.pop(name, None)
+            codecs = await self._row_codecs(name)
+            if not _decodes_here(codecs, headers):
+                return await self._ask("invoke", name, headers, body)
+            return await self._invoke_rows(
+                name, codecs.generation, headers.wire(name, codecs, self.settings.default_accept),
+                body)
+
+    async def _row_codecs(self, name: str) -> RowCodecs | None:
+        codecs = self._codecs.get(name, _UNKNOWN)
+        if codecs is _UNKNOWN:
+            codecs = await self._ask("row_codecs", name)
+            if self._lost is None:
+                self._codecs[name] = codecs
+        return codecs
+
+    async def _invoke_rows(self, name: str, generation: int, wire: Wire, body: bytes
+                           ) -> Answer:
+        """Decode here, the model in the engine, encode here: one process's steps 3 to 5,
+        within the same deadline (``model_server_timeout_seconds``, 504)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.model_server_timeout_seconds
+        pipeline = self._pipeline
+        try:
+            pool = pipeline.decoding_pool(wire, body)
+            data = wire.decode(body) if pool is None else \
+                await before(deadline, pool.run(wire.decode, body))
+            request_id, waiting = self._request()
+            channel = self._channel
+            try:
+                descriptor, region = pack(data, channel.outgoing)
+            except BaseException:
+                del self._waiting[request_id]
+                raise
+            self._rows_sent[request_id] = region
+            channel.send((ROWS, request_id, name, generation, descriptor))
+            timer = loop.call_at(deadline + ANSWER_GRACE_SECONDS, _give_up, waiting, name)
+            try:
+                answer_descriptor, answer_region = await self._await(request_id, waiting)
+            finally:
+                timer.cancel()
+            try:
+                rows = unpack(answer_descriptor, channel.incoming, copy=False)
+                pool = pipeline.encoding_pool(wire, rows)
+                return wire.encode(rows) if pool is None else \
+                    await before(deadline, pool.run(wire.encode, rows))
+            finally:
+                if answer_region is not None and channel is self._channel \
+                        and not channel.closed:
+                    channel.send((FREE, answer_region))
+        except errors.InvocationTimeout:
+            raise pipeline.timed_out(name) from None
+
+    # -- the ModelService's other operations ---------------------------------------------
 
     async def load(self, name: str, url: str) -> Listed:
         return await self._ask("load", name, url)
@@ -153,13 +303,6 @@ class EngineService:
 
     async def unload(self, name: str) -> None:
         await self._ask("unload", name)
-
-    async def invoke(self, name: str, headers: ToolkitHeaders | V2Headers, call: Call
-                     ) -> Answer:
-        if call.content_length is not None:
-            check_payload_size(call.content_length, self.settings.max_payload_bytes)
-        body = await read_whole_body(call.read_body, call.body_arrived, self.settings)
-        return await self._ask("invoke", name, headers, body)
 
     async def status(self, name: str) -> ModelStatus:
         return await self._ask("status", name)
@@ -181,3 +324,13 @@ class EngineService:
 
     async def exposition(self) -> bytes:
         return await self._ask("exposition")
+
+
+def _decodes_here(codecs: RowCodecs | None, headers: ToolkitHeaders | V2Headers) -> bool:
+    """The worker decodes this invocation (the module docstring); else the engine does."""
+    return codecs is not None and (codecs.toolkit or isinstance(headers, V2Headers))
+
+
+def _give_up(waiting: asyncio.Future, name: str) -> None:
+    if not waiting.done():
+        waiting.set_exception(errors.InvocationTimeout(f"model {name!r} did not answer"))

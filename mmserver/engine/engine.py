@@ -31,14 +31,28 @@ from multiprocessing.connection import Connection
 
 from prometheus_client import Counter
 
+from mmserver.batching import ModelRunner
+from mmserver.batching.execution import QueuedRequest
 from mmserver.config import Settings
-from mmserver.engine.channel import Channel
-from mmserver.engine.client import Listed
+from mmserver.engine.channel import Channel, serve
+from mmserver.engine.client import (
+    ADMISSION,
+    CANCEL,
+    CHANGED,
+    COUNT,
+    FREE,
+    NOTICE,
+    REFUSED,
+    ROWS,
+    CodecsChanged,
+    Listed,
+)
 from mmserver.engine.journal import Failure, Journal, Restart, journal_beside
-from mmserver.errors import MMServerError
+from mmserver.engine.shared import pack, unpack
+from mmserver.errors import InvocationTimeout, MMServerError, QueueFull
 from mmserver.http.local import LocalService
 from mmserver.http.service import Call
-from mmserver.loaded_model import ModelInfo
+from mmserver.loaded_model import LoadedModel, ModelInfo
 from mmserver.pipeline import Answer
 from mmserver.wires import ToolkitHeaders, V2Headers
 
@@ -141,6 +155,9 @@ class EngineOperations:
     async def exposition(self) -> bytes:
         return await self.service.exposition()
 
+    async def row_codecs(self, name: str):
+        return await self.service.row_codecs(name)
+
 
 def _arrived(body: bytes) -> Call:
     """The body a worker read (within the limit and the body timeout), as a request."""
@@ -155,37 +172,132 @@ def _arrived(body: bytes) -> Call:
 #: The operations a worker may name (nothing else of the object is reachable).
 OPERATIONS = frozenset(("load", "page", "describe", "unload", "invoke", "status", "model_metadata",
                         "model_config", "model_statistics", "index", "load_folder",
-                        "exposition"))
+                        "exposition", "row_codecs"))
 
 
-async def serve_connection(operations: EngineOperations, channel: Channel) -> None:
-    """Answer one worker's messages until it disconnects.
+class WorkerConnection:
+    """One worker's channel: its messages (``client`` spells them), answered as they finish.
+
+    An operation runs as a task of its own. Rows (an invocation the worker decoded) take no
+    task: they are queued in the model's runner as their message is read, and the runner's
+    answer is written into the connection's answer arena from the request's own callback,
+    so a burst of requests costs the engine a few calls each. Every ``rows`` message gets
+    exactly one reply, whatever happens to it, so that the worker knows when its region of
+    shared memory is free again (the rows were copied out on arrival).
 
     A ``cancel`` notice (the worker's client went away, so aiohttp cancelled its handler)
     cancels that operation here too, as one process cancels it: a queued invocation
     leaves the queue uncomputed.
     """
-    tasks: dict[int, asyncio.Task] = {}
-    try:
-        while True:
-            message = await channel.receive()
-            if message[0] == "count":
-                _, name, status, seconds = message
-                operations.service.metrics.request_done(name, status, seconds)
-                continue
-            if message[0] == "cancel":
-                task = tasks.get(message[1])
-                if task is not None:
-                    task.cancel()
-                continue
-            request_id = message[0]
-            task = tasks[request_id] = asyncio.create_task(
-                _answer(operations, channel, *message))
-            task.add_done_callback(lambda _, request_id=request_id: tasks.pop(request_id, None))
-    except (asyncio.IncompleteReadError, ConnectionError):
-        pass  # the worker stopped; what it had asked still runs, and is answered to no one
-    finally:
-        channel.close()
+
+    def __init__(self, operations: EngineOperations, channel: Channel):
+        self.operations = operations
+        self.service = operations.service
+        self.channel = channel
+        self._tasks: dict[int, asyncio.Task] = {}
+        self._queued: dict[int, tuple[QueuedRequest, ModelRunner]] = {}
+
+    def on_messages(self, messages: list) -> None:
+        for message in messages:
+            kind = message[0]
+            if kind == ROWS:
+                self._rows(*message[1:])
+            elif kind == FREE:
+                self.channel.outgoing.free(message[1])
+            elif kind == COUNT:
+                self.service.metrics.request_done(*message[1:])
+            elif kind == CANCEL:
+                self._cancel(message[1])
+            elif kind == REFUSED:
+                self.service.count_refusal(message[1])
+            else:
+                request_id = kind
+                task = self._tasks[request_id] = asyncio.create_task(
+                    _answer(self.operations, self.channel, *message))
+                task.add_done_callback(
+                    lambda _, request_id=request_id: self._tasks.pop(request_id, None))
+
+    def _cancel(self, request_id: int) -> None:
+        task = self._tasks.get(request_id)
+        if task is not None:
+            task.cancel()
+        queued = self._queued.get(request_id)
+        if queued is not None:
+            request, runner = queued
+            runner.withdraw(request)
+
+    def _rows(self, request_id: int, name: str, generation: int, descriptor) -> None:
+        channel = self.channel
+        try:
+            model = self.service.serving(name)
+            if getattr(model, "generation", None) != generation:
+                raise CodecsChanged(f"model {name!r} was loaded again")
+            request = self.service.pipeline.submit(
+                model, unpack(descriptor, channel.incoming, copy=True))
+        except MMServerError as error:
+            channel.send((request_id, False, error))
+            return
+        except Exception:  # noqa: BLE001 - the worker answers 500; the cause stays in this log
+            log.exception("engine: queueing rows for model %s failed", name)
+            channel.send((request_id, False, None))
+            return
+        self._queued[request_id] = (request, model.runner)
+        request.future.add_done_callback(
+            lambda future: self._answer_rows(request_id, model, future))
+
+    def _answer_rows(self, request_id: int, model: LoadedModel, future: asyncio.Future
+                     ) -> None:
+        self._queued.pop(request_id, None)
+        channel = self.channel
+        if channel.closed:
+            return
+        if future.cancelled():
+            channel.send((request_id, False, None))  # the worker gave up; its region is free
+            return
+        error = future.exception()
+        if error is None:
+            try:
+                answer = pack(future.result(), channel.outgoing)
+            except Exception:  # noqa: BLE001 - as any failed operation
+                log.exception("engine: answering rows of model %s failed", model.name)
+                channel.send((request_id, False, None))
+            else:
+                channel.send((request_id, True, answer))
+            return
+        if isinstance(error, InvocationTimeout):
+            error = self.service.pipeline.timed_out(model.name)
+        channel.send((request_id, False, error if isinstance(error, MMServerError) else None))
+
+
+class Workers:
+    """The engine's connections, and what it tells all of them: a model was loaded or
+    unloaded (forget its codecs), or its queue filled or has room again (refuse, or stop
+    refusing, before reading a body)."""
+
+    def __init__(self, operations: EngineOperations):
+        self.operations = operations
+        self._connections: set[WorkerConnection] = set()
+
+    def connected(self, channel: Channel):
+        connection = WorkerConnection(self.operations, channel)
+        self._connections.add(connection)
+        channel.lost.add_done_callback(lambda _: self._connections.discard(connection))
+        return connection.on_messages
+
+    def tell(self, message: tuple) -> None:
+        for connection in self._connections:
+            connection.channel.send(message)
+
+    def model_changed(self, model, loaded: bool) -> None:
+        self.tell((NOTICE, CHANGED, model.name, None))
+        if loaded and isinstance(model, LoadedModel):
+            model.runner.watch_admission(
+                lambda refusal, name=model.name: self.tell((NOTICE, ADMISSION, name, (
+                    refusal if isinstance(refusal, QueueFull) else None))))
+
+    def close(self) -> None:
+        for connection in list(self._connections):
+            connection.channel.close()
 
 
 async def _answer(operations: EngineOperations, channel: Channel, request_id: int,
@@ -253,26 +365,16 @@ async def _main(settings: Settings, socket_path: str, ready: Connection,
     if restart is not None:
         await operations.restore(restart.restore)
     operations.record()
-    connections: set[asyncio.Task] = set()
-
-    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        connections.add(task)
-        try:
-            await serve_connection(operations, Channel(reader, writer))
-        except asyncio.CancelledError:
-            pass  # the engine stops; ending quietly spares asyncio's stream callback a traceback
-        finally:
-            connections.discard(task)
-
-    server = await asyncio.start_unix_server(connected, path=socket_path, limit=2**20)
-    os.chmod(socket_path, 0o600)
+    workers = Workers(operations)
+    service.model_listeners.append(workers.model_changed)
+    for model in service.registry.ready():  # loaded before anyone listened
+        workers.model_changed(model, True)
+    accepting = await serve(socket_path, workers.connected)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     ready.send(("ready", str(service.registry.device)))
     log.info("engine %d serving %d model(s)", os.getpid(), len(service.registry.ready()))
     await stop.wait()
-    server.close()
+    accepting.cancel()
     await service.close()
-    for task in connections:
-        task.cancel()
+    workers.close()

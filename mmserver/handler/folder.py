@@ -119,6 +119,37 @@ class ModelFile:
     outputs: tuple[signatures.TensorSpec, ...] | None = None
 
 
+class RowCodecs:
+    """A row-wise model's default codecs as plain data: what another process needs to decode
+    its requests into rows and encode its answers exactly as its handler would.
+
+    An HTTP worker over the engine (``engine.client``) gets this from the engine once per
+    model, decodes and encodes there, and sends the engine only the rows. The Open
+    Inference Protocol's requests always can (the protocol decodes; the folder's
+    ``input_fn``/``output_fn`` are never called for them); SageMaker's only when the folder
+    defines neither (:attr:`toolkit`). ``generation`` names the load it describes: after
+    the model is loaded again, a worker's copy is refused and fetched anew.
+    """
+
+    row_wise = True
+    takes_tensors = True
+    user_codecs = False
+    default_encoders = True
+
+    def __init__(self, signature: signatures.Signature, toolkit: bool, generation: int):
+        self.signature = signature
+        self.toolkit = toolkit
+        self.generation = generation
+        self.decode = calls.row_wise_input(calls.checked_default_input(signature))
+        self.encode = calls.default_output
+
+    def __reduce__(self):
+        return RowCodecs, (self.signature, self.toolkit, self.generation)
+
+    def from_tensors(self, data: Any, context: RequestContext) -> Any:
+        return data
+
+
 class ModelHandler:
     """A model folder made servable (see the module docstring).
 
@@ -195,6 +226,7 @@ class ModelHandler:
     def _resolve(self, functions: dict[str, UserFunction], load_context: LoadContext) -> None:
         """Fix :attr:`decode`, :attr:`predict` and :attr:`encode` for every request to come."""
         model, device = self.model, self.device
+        self._default_codecs = False
         transform_fn = functions.get("transform_fn")
         if transform_fn is not None:
             self.decode = calls.transform_body
@@ -219,6 +251,14 @@ class ModelHandler:
                                              context=one.context))
         output_fn = functions.get("output_fn")
         self.encode = calls.default_output if output_fn is None else calls.user_output(output_fn)
+        self._default_codecs = input_fn is None and output_fn is None
+
+    def row_codecs(self, generation: int) -> RowCodecs | None:
+        """This model's :class:`RowCodecs`, when it is row-wise (else None: another process
+        sends its bodies here whole)."""
+        if not self.row_wise:
+            return None
+        return RowCodecs(self.signature, self._default_codecs, generation)
 
     def from_tensors(self, data: Any, context: RequestContext) -> Any:
         """The runner's input for a request whose tensors the protocol already decoded."""

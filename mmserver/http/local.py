@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from mmserver.config import Settings
 from mmserver.engine.isolated import IsolatedModel
+from mmserver.handler.folder import RowCodecs
 from mmserver.engine.journal import Failure
 from mmserver.errors import ModelNotFound
 from mmserver.http import answers, triton
@@ -38,9 +39,13 @@ class LocalService:
                  isolating: bool = True):
         self.settings = settings
         self.metrics = metrics or Metrics()
+        #: Called with each model as it is loaded (True) and unloaded (False).
+        self.model_listeners: list[Callable[[LoadedModel | IsolatedModel, bool], None]] = [
+            lambda model, loaded: (self.metrics.model_loaded if loaded
+                                   else self.metrics.model_unloaded)(model)]
         self.registry = ModelRegistry(
-            settings, on_loaded=self.metrics.model_loaded,
-            on_unloaded=self.metrics.model_unloaded, isolating=isolating,
+            settings, on_loaded=lambda model: self._changed(model, True),
+            on_unloaded=lambda model: self._changed(model, False), isolating=isolating,
             on_restart=lambda model: self.metrics.model_restarts.labels(model.name).inc(),
             on_failed=self._failed)
         self.pipeline = InvocationPipeline(settings)
@@ -48,6 +53,10 @@ class LocalService:
         self.failed: dict[str, Failure] = {}
         #: Called when :attr:`failed` changes (the engine writes its journal).
         self.on_change: Callable[[], None] = lambda: None
+
+    def _changed(self, model: LoadedModel | IsolatedModel, loaded: bool) -> None:
+        for listener in self.model_listeners:
+            listener(model, loaded)
 
     def _failed(self, name: str, url: str, reason: str) -> None:
         self.failed[name] = Failure(url, reason)
@@ -59,11 +68,19 @@ class LocalService:
         why = f": {failure.reason}" if failure is not None else ""
         return ModelNotFound(f"model {name!r} is not loaded{why}")
 
-    def _model(self, name: str) -> LoadedModel | IsolatedModel:
+    def serving(self, name: str) -> LoadedModel | IsolatedModel:
+        """The model ``name`` while it serves; else 404, with the reason when it failed."""
         try:
             return self.registry.get(name)
         except ModelNotFound:
             raise self._not_loaded(name) from None
+
+    async def row_codecs(self, name: str) -> RowCodecs | None:
+        """How another process may decode model ``name``'s requests into rows and encode its
+        answers (a row-wise model held here), else None: that process sends bodies whole."""
+        model = self.serving(name)
+        return model.handler.row_codecs(model.generation) if isinstance(model, LoadedModel) \
+            else None
 
     async def load(self, name: str, url: str) -> LoadedModel | IsolatedModel:
         model = await self.registry.load(name, url)
@@ -100,11 +117,11 @@ class LocalService:
 
     async def invoke(self, name: str, headers: ToolkitHeaders | V2Headers, call: Call
                      ) -> Answer:
-        model = self._model(name)
+        model = self.serving(name)
         if isinstance(model, IsolatedModel):
             return await model.invoke(headers, call)
         return await self.pipeline.run(model, Invocation(
-            wire=headers.wire(model, self.settings.default_accept),
+            wire=headers.wire(model.name, model.handler, self.settings.default_accept),
             content_length=call.content_length, read_body=call.read_body,
             body_arrived=call.body_arrived))
 
@@ -112,19 +129,19 @@ class LocalService:
         return self.registry.info(name).status
 
     async def model_metadata(self, name: str) -> dict[str, object]:
-        model = self._model(name)
+        model = self.serving(name)
         if isinstance(model, IsolatedModel):
             return await model.model_metadata()
         return triton.model_metadata(model)
 
     async def model_config(self, name: str) -> dict[str, object]:
-        model = self._model(name)
+        model = self.serving(name)
         if isinstance(model, IsolatedModel):
             return await model.model_config()
         return triton.model_config(model)
 
     async def model_statistics(self, name: str | None) -> list[dict[str, object]]:
-        models = [self._model(name)] if name is not None else [
+        models = [self.serving(name)] if name is not None else [
             model for model in self.registry.ready() if model.status == ModelStatus.READY]
         stats = []
         for model in models:
@@ -152,6 +169,16 @@ class LocalService:
             parts.append((await model.exposition(), lambda labels, name=model.name: (
                 labels if labels.get("model") == name else None)))
         return merged_exposition(parts)
+
+    def count_refusal(self, name: str) -> None:
+        """An HTTP worker refused an invocation of model ``name`` with a full queue, as the
+        engine had told it to, before reading its body: a rejection, as one process counts."""
+        try:
+            model = self.registry.get(name)
+        except ModelNotFound:
+            return  # unloaded since
+        if isinstance(model, LoadedModel):
+            model.runner.stats.requests_rejected += 1
 
     def count_invocation(self, name: str, status: int, seconds: float) -> None:
         """One invocation answered, with its status and seconds, into the request metrics."""

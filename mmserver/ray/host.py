@@ -200,8 +200,8 @@ class ModelHost:
 
         model = held.model
         answer = await self.pipeline.run(model, Invocation(
-            wire=headers.wire(model, self.settings.default_accept), content_length=len(body),
-            read_body=read_body, body_arrived=True))
+            wire=headers.wire(model.name, model.handler, self.settings.default_accept),
+            content_length=len(body), read_body=read_body, body_arrived=True))
         return Invoked(answer, self.replica, loaded)
 
     async def _shutdown(self) -> None:
