@@ -3,7 +3,7 @@
 On a GPU host the model's call holds no CPU, so what limits throughput is the server's own
 CPU cost per request. This benchmark serves the simulated device
 (``mmserver.harness.simulated_device``, labelled as simulated: t(b) = 1 ms + b x 1/32 ms, a batch of
-32 rows in 2 ms, no CPU held) from one mmserver pinned to one core, and drives it with 8 and
+32 rows in 2 ms, no CPU held) from one mmserver pinned to one core, and drives it with 1, 8 and
 32 closed-loop users from the other core, one wire at a time:
 
 * ``npy``: ``POST /models/{name}/invoke`` with a one-row ``application/x-npy`` body;
@@ -63,7 +63,7 @@ FIXED_SECONDS = 0.001
 PER_ROW_SECONDS = 0.001 / 32
 FEATURES = 16
 MAX_BATCH_SIZE = 32
-USER_COUNTS = (8, 32)
+USER_COUNTS = (1, 8, 32)
 NAME = "gpu"
 
 
@@ -106,7 +106,7 @@ def window(server: ServerProcess, url: str, body: bytes, headers: dict[str, str]
     batches, rows = delta("mmserver_batch_size_rows_count"), delta("mmserver_batch_size_rows_sum")
     device_seconds = batches * FIXED_SECONDS + rows * PER_ROW_SECONDS
     requests = max(rows, 1)
-    return {"rps": result["rps"], "non_2xx": result["non_2xx"],
+    return {"rps": result["rps"], "non_2xx": result["non_2xx"], "p50_ms": result["p50_ms"],
             "mean_batch": rows / batches if batches else 0.0,
             "efficiency": device_seconds / wall,
             "cpu_us_per_request": 1e6 * (cpu_after - cpu_before) / requests,
@@ -145,7 +145,7 @@ def measure(tmp: str, folder: Path, workers: int, seconds: float) -> dict[tuple[
                 if r["non_2xx"]:
                     raise RuntimeError(f"{wire}: {r['non_2xx']} answers were not 2xx")
                 results[wire, users] = r
-                print(f"{workers:7d} {wire:10s} {users:5d} {r['rps']:8.0f} "
+                print(f"{workers:7d} {wire:10s} {users:5d} {r['rps']:8.0f} {r['p50_ms']:7.2f} "
                       f"{r['mean_batch']:10.1f} {r['efficiency']:10.2f} "
                       f"{r['cpu_us_per_request']:14.0f} {r['engine_us_per_request']:14.0f}",
                       flush=True)
@@ -166,26 +166,32 @@ def main() -> None:
               f"b x {PER_ROW_SECONDS * 1e3:.5f} ms; one process on core {harness.SERVER_CPU}, "
               f"N workers on every core; {harness.generator_name()} on core {harness.LOAD_CPU}, "
               f"{args.seconds:g} s per window")
-        print(f"{'workers':>7s} {'wire':10s} {'users':>5s} {'req/s':>8s} {'mean batch':>10s} "
+        print(f"{'workers':>7s} {'wire':10s} {'users':>5s} {'req/s':>8s} {'p50 ms':>7s} "
+              f"{'mean batch':>10s} "
               f"{'efficiency':>10s} {'CPU us/req':>14s} {'engine us/req':>14s}")
         runs = {count: measure(tmp, folder, count, args.seconds) for count in counts}
     base = runs[counts[0]]
     for count in counts[1:]:
-        print(f"\n{count} HTTP workers ÷ {counts[0]} at 32 users, measured in this run:")
+        print(f"\n{count} HTTP workers ÷ {counts[0]}, measured in this run:")
         for wire, users in base:
-            if users != 32:
-                continue
             one, many = base[wire, users], runs[count][wire, users]
+            if users == 1:
+                print(f"  {wire:10s} at 1 user: p50 {one['p50_ms']:.2f} ms -> "
+                      f"{many['p50_ms']:.2f} ms, {many['p50_ms'] - one['p50_ms']:+.2f} ms "
+                      "added by the hop to the engine")
+            if users != USER_COUNTS[-1]:
+                continue
             worker_us = many["cpu_us_per_request"] - many["engine_us_per_request"]
             capacity = many["mean_batch"] / (FIXED_SECONDS + many["mean_batch"] * PER_ROW_SECONDS)
-            print(f"  {wire:10s} req/s {many['rps'] / one['rps']:.2f}x, mean batch "
-                  f"{one['mean_batch']:.1f} -> {many['mean_batch']:.1f}; engine "
-                  f"{many['engine_us_per_request']:.0f} us/request, workers {worker_us:.0f}: "
-                  f"the device busy at batch {many['mean_batch']:.1f} serves "
+            engine_ceiling = 1e6 / many["engine_us_per_request"]
+            print(f"  {wire:10s} at {users} users: req/s {many['rps'] / one['rps']:.2f}x, "
+                  f"mean batch {one['mean_batch']:.1f} -> {many['mean_batch']:.1f}; engine "
+                  f"{many['engine_us_per_request']:.0f} us/request, workers {worker_us:.0f}. "
+                  f"Arithmetic: the device busy at batch {many['mean_batch']:.1f} serves "
                   f"{capacity:,.0f} requests/s, which takes {capacity * worker_us / 1e6:.1f} "
-                  f"cores of HTTP workers and {capacity * many['engine_us_per_request'] / 1e6:.1f}"
-                  " of engine")
-
+                  f"cores of HTTP workers; one engine core at {many['engine_us_per_request']:.0f}"
+                  f" us/request serves at most {engine_ceiling:,.0f} requests/s, "
+                  f"{min(engine_ceiling / capacity, 1):.0%} of that")
 
 if __name__ == "__main__":
     main()
