@@ -219,12 +219,25 @@ def _engine_folders() -> set[str]:
     return {path.name for path in Path(tempfile.gettempdir()).glob("mmserver-engine-*")}
 
 
+def _shared_memory_maps(pid: int) -> int:
+    """The anonymous shared-memory arenas (``engine.shared``) mapped by process ``pid``."""
+    return sum(1 for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+               if "/memfd:" in line)
+
+
+def _dev_shm() -> set[str]:
+    return {path.name for path in Path("/dev/shm").iterdir()} if Path("/dev/shm").is_dir() \
+        else set()
+
+
 def test_sigterm_answers_accepted_requests_and_leaves_nothing_behind(root):
-    folders_before = _engine_folders()
+    folders_before, shm_before = _engine_folders(), _dev_shm()
     with started_workers(root) as server:
         children = _descendants(server.process.pid)
         assert len(children) >= WORKERS + 1  # the engine, the workers (and Python's tracker)
         assert len(_engine_folders() - folders_before) == 1
+        # Rows cross in shared memory: two arenas per worker, both mapped by the engine.
+        assert _shared_memory_maps(_engine_pid(server)) == 2 * WORKERS
         assert server.load("slow", "slow")[0] == 200
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             pending = [pool.submit(_post, server, "slow", [[float(i)]]) for i in range(4)]
@@ -237,6 +250,7 @@ def test_sigterm_answers_accepted_requests_and_leaves_nothing_behind(root):
             print(f"SIGTERM to exit with 4 requests in flight: {time.monotonic() - started:.1f} s")
     assert wait_until(lambda: not any(_alive(pid) for pid in children), 10)
     assert _engine_folders() == folders_before
+    assert _dev_shm() == shm_before  # the arenas had no name there, and nothing else was made
 
 
 # -- the engine's death ----------------------------------------------------------------------
