@@ -8,6 +8,13 @@ operations finish. Results are plain data (a listing's names and urls, a describ
 answer, an invocation's encoded answer), never a model. ``count`` messages carry the
 workers' invocation counts into the one set of metrics (no answer).
 
+A ``rows`` message is an invocation the worker decoded itself (``engine.client``): its
+rows lie in the connection's shared memory (``engine.shared``); the engine copies them
+out, enqueues them straight into the model's runner, and answers with a descriptor of
+the answer's rows, written into the other arena, for the worker to encode. Notices tell
+the workers when a model's codecs change (loaded, unloaded) and when its runner starts or
+stops refusing, so that a worker refuses a full queue's requests before reading them.
+
 The engine keeps a :class:`~mmserver.engine.journal.Journal` of the models it holds
 and loads, so that if it dies the supervisor can start another that loads them again
 (:class:`~mmserver.engine.journal.Restart`); describe answers say which engine serves a
