@@ -147,13 +147,11 @@ class InvocationPipeline:
         deadline = asyncio.get_running_loop().time() + settings.model_server_timeout_seconds
         try:
             with model.invocation(), runner.reserve() as slot:
-                pool = self.decoding_pool(wire, body, codec_pool)
-                data = wire.decode(body) if pool is None else \
-                    await before(deadline, pool.run(wire.decode, body))
+                data = await run_on(self.decoding_pool(wire, body, codec_pool), deadline,
+                                    wire.decode, body)
                 rows = await slot.submit(data, deadline=deadline)
-                pool = self.encoding_pool(wire, rows, codec_pool)
-                return wire.encode(rows) if pool is None else \
-                    await before(deadline, pool.run(wire.encode, rows))
+                return await run_on(self.encoding_pool(wire, rows, codec_pool), deadline,
+                                    wire.encode, rows)
         except InvocationTimeout:
             raise self.timed_out(model.name) from None
 
@@ -221,9 +219,15 @@ async def read_within(reading: Awaitable[bytes], timeout: float) -> bytes:
                           "(MMSERVER_BODY_TIMEOUT)") from None
 
 
-async def before(deadline: float, work: asyncio.Future) -> Any:
-    """Await work running in a thread, or raise InvocationTimeout at the deadline."""
+async def run_on(pool: WorkerPool | None, deadline: float, function: Callable[[Any], Any],
+                 argument: Any) -> Any:
+    """``function(argument)`` on ``pool``'s threads, or InvocationTimeout at ``deadline`` (the
+    loop's clock); with no pool, here on the event loop, where a small body or answer costs less
+    than a thread handoff (``decoding_pool`` and ``encoding_pool`` choose)."""
+    if pool is None:
+        return function(argument)
     try:
-        return await asyncio.wait_for(work, deadline - asyncio.get_running_loop().time())
+        return await asyncio.wait_for(pool.run(function, argument),
+                                      deadline - asyncio.get_running_loop().time())
     except TimeoutError:
         raise InvocationTimeout("the deadline passed") from None

@@ -53,9 +53,9 @@ from mmserver.pipeline import (
     Answer,
     InvocationPipeline,
     Wire,
-    before,
     check_payload_size,
     read_whole_body,
+    run_on,
 )
 from mmserver.wires import ToolkitHeaders, V2Headers
 
@@ -260,9 +260,7 @@ class EngineService:
         deadline = loop.time() + self.settings.model_server_timeout_seconds
         pipeline = self._pipeline
         try:
-            pool = pipeline.decoding_pool(wire, body)
-            data = wire.decode(body) if pool is None else \
-                await before(deadline, pool.run(wire.decode, body))
+            data = await run_on(pipeline.decoding_pool(wire, body), deadline, wire.decode, body)
             request_id, waiting = self._request()
             channel = self._channel
             try:
@@ -279,9 +277,7 @@ class EngineService:
                 timer.cancel()
             try:
                 rows = unpack(answer_descriptor, channel.incoming, copy=False)
-                pool = pipeline.encoding_pool(wire, rows)
-                return wire.encode(rows) if pool is None else \
-                    await before(deadline, pool.run(wire.encode, rows))
+                return await run_on(pipeline.encoding_pool(wire, rows), deadline, wire.encode, rows)
             finally:
                 if answer_region is not None and channel is self._channel \
                         and not channel.closed:
