@@ -265,18 +265,24 @@ def crashing(root):
 
 
 def _engine(server) -> dict[str, int]:
-    """The engine serving ``affine`` (its pid, the engines that died before it), once one
-    does."""
-    found = {}
+    """The engine serving ``affine`` (its pid, the engines that died before it), once every
+    HTTP worker reaches the same one. Each request is a fresh connection, which the kernel
+    gives to either worker, and each worker reconnects to a new engine on its own: one
+    worker's answer says nothing of the other's."""
+    by_worker: dict[str | None, dict[str, int]] = {}
 
     def serving() -> bool:
-        status, body = server.json("GET", "/models/affine")
+        status, headers, raw = server.request("GET", "/models/affine")
+        worker = headers.get(WORKER_HEADER)
         if status == 200:
-            found.update(body["engine"])
-        return status == 200
+            by_worker[worker] = json.loads(raw)["engine"]
+        else:
+            by_worker.pop(worker, None)
+        engines = {tuple(sorted(engine.items())) for engine in by_worker.values()}
+        return len(by_worker.keys() - {None}) == WORKERS and len(engines) == 1
 
     assert wait_until(serving, 60), server.log()
-    return found
+    return next(iter(by_worker.values()))
 
 
 def _restarts_metric(server) -> float:
