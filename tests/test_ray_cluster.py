@@ -399,5 +399,11 @@ def test_the_service_answers_after_a_node_is_removed(cluster, client, loaded):
     assert all(a.body == AFFINE_ANSWER for a in answers.values())
     status, listed = client.json("GET", "/models")  # the registrations survived
     assert status == 200 and [m["modelName"] for m in listed["models"]] == names
-    for name in names:
-        assert all(entry["nodeId"] != removed for entry in client.holders(name).values())
+    # A replica's process can outlive its node's raylet for a moment and still answer; the
+    # holders reported must leave the removed node within the same recovery time.
+    def none_on_removed_node() -> bool:
+        return all(entry["nodeId"] != removed
+                   for name in names for entry in client.holders(name).values())
+
+    assert wait_until(none_on_removed_node, RECOVERY_SECONDS, interval=0.5), \
+        {name: client.holders(name) for name in names}
