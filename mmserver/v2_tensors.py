@@ -5,8 +5,10 @@ knows HTTP, models or the answer's keys (``http.v2`` shapes those). What it
 owns, so that every check lives in one place:
 
 * the datatype table, the protocol's names (``FP32``, ``INT64``, ``BOOL``...)
-  against torch dtypes; ``BYTES`` (strings) is refused, since every model
-  mmserver serves takes numeric tensors;
+  against torch dtypes; ``BYTES`` (strings, for a text model) has no torch dtype
+  and is decoded to a NumPy array of ``bytes`` objects (:func:`strings_from_json`,
+  :func:`strings_from_bytes`: in binary, each element is a 4-byte little-endian
+  length and then its bytes, as Triton's clients send it);
 * an infer request's body, parsed: the JSON header (the whole body, or its
   first ``Inference-Header-Content-Length`` bytes when binary tensors follow),
   each input's ``data`` (flat in row-major order, or nested) or its
@@ -55,9 +57,11 @@ DATATYPES: dict[str, torch.dtype] = {
 }
 DATATYPE_OF: dict[torch.dtype, str] = {dtype: name for name, dtype in DATATYPES.items()}
 #: Datatypes of the protocol that mmserver refuses, and why.
-REFUSED_DATATYPES = {
-    "BYTES": "BYTES (string) tensors are not supported: mmserver's models take numeric tensors",
-}
+REFUSED_DATATYPES: dict[str, str] = {}
+#: Strings: a text model's input, decoded to a NumPy array of ``bytes`` (no torch dtype).
+BYTES = "BYTES"
+#: Each element of a binary BYTES tensor starts with its length, this many bytes, little-endian.
+_BYTES_LENGTH_SIZE = 4
 #: The most dimensions a tensor may declare; torch itself stops at 64.
 MAX_DIMENSIONS = 32
 #: What a JSON array's NumPy kind must be for each family of datatypes ('b' bool,
@@ -82,8 +86,8 @@ class InferRequest:
     """An infer request's body, parsed and checked (tensors on the CPU)."""
 
     id: str | None
-    #: The inputs by name, in the order the request lists them.
-    inputs: dict[str, torch.Tensor]
+    #: The inputs by name, in the order the request lists them (BYTES: a NumPy array of bytes).
+    inputs: dict[str, torch.Tensor | np.ndarray]
     #: The outputs asked for, in order; None: every output the model returns.
     outputs: tuple[RequestedOutput, ...] | None
     #: The request-level ``parameters.binary_data_output``: outputs as binary by default.
@@ -178,7 +182,7 @@ def _json_object(raw: bytes, *, binary_expected: bool) -> dict:
 
 
 def _input(entry: object, position: int, binary: memoryview,
-           has_binary_part: bool) -> tuple[str, torch.Tensor, int]:
+           has_binary_part: bool) -> tuple[str, torch.Tensor | np.ndarray, int]:
     """(name, tensor, bytes of the binary part it used) of one entry of ``inputs``."""
     if not isinstance(entry, dict):
         raise InvalidRequest(f"inputs[{position}] must be an object with name, shape, datatype "
@@ -189,7 +193,7 @@ def _input(entry: object, position: int, binary: memoryview,
     for key in ("shape", "datatype"):
         if key not in entry:
             raise InvalidRequest(f'input {name!r} needs "{key}"')
-    dtype = datatype_dtype(entry["datatype"], name)
+    dtype = None if entry["datatype"] == BYTES else datatype_dtype(entry["datatype"], name)
     count = element_count(entry["shape"], name)
     shape = entry["shape"]
     size = _parameters(entry, f"input {name!r}").get("binary_data_size")
@@ -197,6 +201,8 @@ def _input(entry: object, position: int, binary: memoryview,
         if "data" not in entry:
             raise InvalidRequest(f'input {name!r} needs "data", or parameters.binary_data_size '
                                  "for binary data after the JSON header")
+        if dtype is None:
+            return name, strings_from_json(entry["data"], shape, count, name), 0
         return name, tensor_from_json(entry["data"], dtype, shape, count, name), 0
     if "data" in entry:
         raise InvalidRequest(f'input {name!r} has both "data" and parameters.binary_data_size')
@@ -210,6 +216,8 @@ def _input(entry: object, position: int, binary: memoryview,
     if size > len(binary):
         raise InvalidRequest(f"input {name!r}: binary_data_size is {size}, but only "
                              f"{len(binary)} bytes of binary data are left in the body")
+    if dtype is None:
+        return name, strings_from_bytes(binary[:size], shape, count, name), size
     return name, tensor_from_bytes(binary[:size], dtype, shape, count, name), size
 
 
@@ -309,6 +317,45 @@ def tensor_from_bytes(raw: memoryview, dtype: torch.dtype, shape: list[int], cou
     if dtype == torch.bool:
         return torch.frombuffer(bytearray(raw), dtype=torch.uint8).ne(0).reshape(shape)
     return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape)
+
+
+def strings_from_json(data: object, shape: list[int], count: int, name: str) -> np.ndarray:
+    """JSON ``data`` of a BYTES tensor (strings, flat or nested) as an array of UTF-8 bytes."""
+    if not isinstance(data, list):
+        raise InvalidInput(f"input {name!r}: data must be a list, got {_short(data)}")
+    flat = np.array(data, dtype=object).reshape(-1) if data else np.empty(0, dtype=object)
+    if flat.size != count:
+        raise InvalidInput(f"input {name!r}: shape {shape} holds {count} elements, "
+                           f"but data has {flat.size}")
+    if not all(isinstance(value, str) for value in flat):
+        raise InvalidInput(f"input {name!r}: BYTES data must be strings")
+    return _object_array([value.encode("utf-8") for value in flat], shape)
+
+
+def strings_from_bytes(raw: memoryview, shape: list[int], count: int, name: str) -> np.ndarray:
+    """A binary BYTES tensor: ``count`` elements, each a 4-byte little-endian length and then
+    that many bytes, filling ``raw`` exactly."""
+    values, offset = [], 0
+    for _ in range(count):
+        if offset + _BYTES_LENGTH_SIZE > len(raw):
+            break
+        length = int.from_bytes(raw[offset:offset + _BYTES_LENGTH_SIZE], "little")
+        offset += _BYTES_LENGTH_SIZE
+        if offset + length > len(raw):
+            break
+        values.append(bytes(raw[offset:offset + length]))
+        offset += length
+    if len(values) != count or offset != len(raw):
+        raise InvalidInput(f"input {name!r}: binary_data_size is {len(raw)} bytes, which do not "
+                           f"hold exactly {count} BYTES elements (each a 4-byte little-endian "
+                           "length, then its bytes)")
+    return _object_array(values, shape)
+
+
+def _object_array(values: list[bytes], shape: list[int]) -> np.ndarray:
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array.reshape(shape)
 
 
 # -- one tensor out -----------------------------------------------------------------

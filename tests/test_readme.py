@@ -7,6 +7,10 @@ in is substituted from ``PLACEHOLDERS``, explicitly; a line with a placeholder t
 does not know fails, and so does a line whose status is not the one its trailing comment
 starts with (200 when the comment names none). The only other change is the port:
 ``localhost:8080`` becomes the test server's.
+
+The README's ``tritonclient`` examples (HTTP and gRPC) run the same way, against the same
+server (``localhost:8081`` becoming its gRPC port): each ``print`` whose trailing comment shows
+a value must print exactly that.
 """
 
 from __future__ import annotations
@@ -25,10 +29,13 @@ import torch
 import torchvision.io
 from conftest import ROOT
 
-from mmserver.harness.testing import ServerProcess
+from mmserver.harness.testing import ServerProcess, free_port
 
 README = ROOT / "README.md"
 README_PORT = 8080
+README_GRPC_PORT = 8081
+#: A trailing comment that starts like a printed value is the line's expected output.
+PRINTED_VALUE = re.compile(r"^(True|False|\(|\[|\{|-?\d)")
 #: README sections whose curl lines need something else than `make serve`'s server.
 RUN_ELSEWHERE = {
     "Run as a container": "tests/test_container.py sends them to the image it builds",
@@ -155,8 +162,11 @@ def examples(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def make_serve(examples) -> Iterator[ServerProcess]:
     preload = [f"--preload={name}={examples / name / 'model'}"
-               for name in ("digits", "resnet18", "tabular")]
-    with ServerProcess(["--model-root", str(examples), *preload], cwd=ROOT) as server:
+               for name in ("digits", "resnet18", "tabular", "minilm")]
+    grpc_port = free_port()
+    with ServerProcess(["--model-root", str(examples), *preload, "--grpc-port", str(grpc_port)],
+                       cwd=ROOT) as server:
+        server.grpc_port = grpc_port
         yield server
 
 
@@ -202,3 +212,37 @@ def test_every_readme_curl_line_answers_what_its_comment_says(make_serve, tmp_pa
             f"{session.previous_body[:300]!r}")
         ran += 1
     assert ran >= 10
+
+
+def readme_client_examples(text: str) -> list[str]:
+    """The ``python`` blocks of the README that talk to the server with ``tritonclient``."""
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    return [block for block in blocks if "import tritonclient" in block]
+
+
+def expected_prints(block: str) -> list[str | None]:
+    """Per ``print(...)`` line of ``block``, the output its trailing comment states (None when
+    the comment describes rather than shows it)."""
+    expected = []
+    for line in block.splitlines():
+        if line.startswith("print("):
+            comment = line.partition("  # ")[2].strip()
+            expected.append(comment if PRINTED_VALUE.match(comment) else None)
+    return expected
+
+
+def test_every_readme_tritonclient_example_prints_what_its_comments_say(make_serve):
+    blocks = readme_client_examples(README.read_text())
+    assert any("tritonclient.http" in b for b in blocks) and any(
+        "tritonclient.grpc" in b for b in blocks)
+    for block in blocks:
+        pasted = (block.replace(f"localhost:{README_PORT}", f"127.0.0.1:{make_serve.port}")
+                  .replace(f"localhost:{README_GRPC_PORT}", f"127.0.0.1:{make_serve.grpc_port}"))
+        done = subprocess.run([sys.executable, "-c", pasted], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, f"{block}\n{done.stderr[-2000:]}"
+        printed = done.stdout.splitlines()
+        expected = expected_prints(block)
+        shown = expected[:expected.index(None)] if None in expected \
+            else expected  # a described print may span lines: compare those before it
+        assert len(shown) >= 2 and printed[:len(shown)] == shown, (block, printed[:len(shown)])

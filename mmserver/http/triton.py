@@ -20,24 +20,38 @@ inputs and outputs (:mod:`mmserver.signatures`); every model has one version, ``
   ``default_queue_policy.max_queue_size`` the queue bound (a full queue is rejected, 503,
   Triton's ``REJECT``); the policy, which Triton has no field for, is the parameter
   ``mmserver_policy`` (``greedy`` or ``timer``, docs/design.md section 3);
-* ``instance_group`` has the model's instance count, on the CPU or its GPU.
+* ``instance_group`` has the model's instance count, on the CPU or its GPU;
+  ``max_batch_tokens`` (a text model's token budget), which Triton has no field for
+  either, is the parameter ``mmserver_max_batch_tokens`` when it is set.
 
 As in Triton's own answer (protobuf's JSON mapping), 64-bit integers are strings.
 
-**Statistics** (``GET /v2/models[/{name}]/stats``), from the runner's running totals
-(:class:`~mmserver.batching.stats.RunnerStats`), durations in nanoseconds:
+Each function reads a :class:`~mmserver.loaded_model.LoadedModel` (its handler, runner and
+``info()``), which answers its v2 reads through them: the model imports this module, so
+this module names the model's type only in words.
 
-* ``success``/``fail``: requests a model call answered with a result or an error, and
-  their seconds from joining the queue to the end of that call (requests refused,
-  expired or cancelled before a call are not here; ``/metrics`` counts them);
-  ``queue``: requests that reached a model call, and their seconds queued;
-  ``compute_infer``: the same requests, each with its whole call's seconds, as Triton
-  counts a batch's time for every request in it, so a request's success time is its
-  queue time plus its compute time;
+**Statistics** (``GET /v2/models[/{name}]/stats``), from the runner's running totals
+(:class:`~mmserver.batching.stats.RunnerStats`), durations in nanoseconds. Per request
+answered with a result, counted once its answer is encoded, all five counts together
+(:class:`~mmserver.batching.stats.RequestStages`, as Triton counts them):
+
+* ``success``: from the body's arrival to the end of its encoding;
+* ``compute_input``: decoding the body into rows (where it is decoded: this process, or
+  the HTTP worker), ``queue``: from joining the queue to the start of its call,
+  ``compute_infer``: its call's whole time (Triton counts a batch's time for every
+  request in it), ``compute_output``: encoding the answer; what ``success`` holds beyond
+  the four is the event loop's hand-offs (perf_analyzer's "overhead");
+* ``fail``: requests a model call answered with an error, and their seconds from joining
+  the queue to the end of that call (requests refused, expired or cancelled before a
+  call are not here; ``/metrics`` counts them);
 * ``inference_count`` counts rows (Triton counts every element of a batch),
-  ``execution_count`` model calls; ``batch_stats`` one entry per call size;
-* ``compute_input``/``compute_output`` are 0: decoding and encoding happen outside the
-  runner (in the HTTP worker or the decode threads) and are not timed apart.
+  ``execution_count`` model calls; ``batch_stats`` one entry per call size, with its
+  calls and their seconds (``compute_infer``; staging the rows happens inside the call,
+  so ``compute_input``/``compute_output`` there count the calls with 0 ns);
+* ``mmserver_padding`` (a text model's, after its first call; Triton has no such field):
+  ``real_tokens`` and ``padded_tokens`` over its calls, and ``efficiency``, real / padded.
+
+``/metrics`` exports the same per-request totals (``mmserver_request_stage_seconds``).
 """
 
 from __future__ import annotations
@@ -45,7 +59,6 @@ from __future__ import annotations
 from typing import Any
 
 from mmserver.handler.folder import EXPORTED, SCRIPT, TORCHSCRIPT
-from mmserver.loaded_model import LoadedModel
 from mmserver.signatures import TensorSpec
 from mmserver.wires import VERSION
 
@@ -54,8 +67,8 @@ PLATFORMS = {SCRIPT: "python", TORCHSCRIPT: "pytorch_torchscript", EXPORTED: "py
 #: What Triton names each kind of model folder's runtime.
 BACKENDS = {SCRIPT: "python", TORCHSCRIPT: "pytorch", EXPORTED: "pytorch"}
 _NS = 1e9
-#: Triton's durations of a model's ``inference_stats``, in its order (the ones mmserver does
-#: not time are zero).
+#: Triton's durations of a model's ``inference_stats``, in its order (the cache's are zero:
+#: mmserver has no response cache).
 INFERENCE_DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer",
                        "compute_output", "cache_hit", "cache_miss")
 
@@ -65,7 +78,7 @@ def data_type(datatype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
 
 
-def model_metadata(model: LoadedModel) -> dict[str, Any]:
+def model_metadata(model: Any) -> dict[str, Any]:
     """The v2 metadata of ``model`` (module docstring)."""
     handler = model.handler
     signature = handler.signature
@@ -82,7 +95,7 @@ def _spec(spec: TensorSpec) -> dict[str, object]:
     return {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
 
 
-def model_config(model: LoadedModel) -> dict[str, Any]:
+def model_config(model: Any) -> dict[str, Any]:
     """Triton's model configuration of ``model`` (module docstring)."""
     handler, settings, device = model.handler, model.runner.settings, model.device
     row_wise = handler.row_wise
@@ -107,8 +120,15 @@ def model_config(model: LoadedModel) -> dict[str, Any]:
                                      "max_queue_size": settings.max_queue_size},
         },
         "instance_group": [group],
-        "parameters": {"mmserver_policy": {"string_value": settings.policy}},
+        "parameters": _parameters(settings),
     }
+
+
+def _parameters(settings: Any) -> dict[str, Any]:
+    parameters = {"mmserver_policy": {"string_value": settings.policy}}
+    if settings.max_batch_tokens:
+        parameters["mmserver_max_batch_tokens"] = {"string_value": str(settings.max_batch_tokens)}
+    return parameters
 
 
 def _tensor(spec: TensorSpec, row_wise: bool) -> dict[str, Any]:
@@ -117,16 +137,13 @@ def _tensor(spec: TensorSpec, row_wise: bool) -> dict[str, Any]:
             "dims": [str(d) for d in dims]}
 
 
-def model_stats(model: LoadedModel) -> dict[str, Any]:
+def model_stats(model: Any) -> dict[str, Any]:
     """Triton's statistics of ``model`` since it was loaded (module docstring)."""
     stats = model.runner.stats
-    batched = stats.requests_batched
-    durations = {
-        "success": _duration(stats.requests_completed, stats.completed_seconds_total),
-        "fail": _duration(stats.requests_failed_in_calls, stats.failed_seconds_total),
-        "queue": _duration(batched, stats.queue_seconds_total),
-        "compute_infer": _duration(batched, stats.request_compute_seconds_total),
-    }
+    answered = stats.stages.count
+    durations = {stage: _duration(answered, seconds)
+                 for stage, seconds in stats.stages.by_stage().items()}
+    durations["fail"] = _duration(stats.requests_failed_in_calls, stats.failed_seconds_total)
     return {
         "name": model.name,
         "version": VERSION,
@@ -136,12 +153,23 @@ def model_stats(model: LoadedModel) -> dict[str, Any]:
         "inference_stats": {key: durations.get(key, _duration(0, 0.0))
                             for key in INFERENCE_DURATIONS},
         "batch_stats": [
-            {"batch_size": size, "compute_input": _duration(0, 0.0),
+            {"batch_size": size, "compute_input": _duration(count, 0.0),
              "compute_infer": _duration(count, stats.batch_size_compute_seconds[size]),
-             "compute_output": _duration(0, 0.0)}
+             "compute_output": _duration(count, 0.0)}
             for size, count in sorted(stats.batch_size_counts.items()) if count],
         "memory_usage": [],
+        **_padding(stats),
     }
+
+
+def _padding(stats: Any) -> dict[str, Any]:
+    """A text model's tokens (mmserver's own field; Triton has none): real and padded, and
+    real / padded, over its calls; nothing before its first call or for other models."""
+    if not stats.padded_tokens_total:
+        return {}
+    return {"mmserver_padding": {"real_tokens": str(stats.real_tokens_total),
+                                 "padded_tokens": str(stats.padded_tokens_total),
+                                 "efficiency": stats.padding_efficiency}}
 
 
 def _duration(count: int, seconds: float) -> dict[str, int]:

@@ -56,6 +56,7 @@ STATES = {
     ModelStatus.UNHEALTHY: ("UNAVAILABLE", "a call into the model is stuck past its time limit"),
     ModelStatus.UNLOADING: ("UNLOADING", "unloading"),
     ModelStatus.NOT_LOADED: ("UNAVAILABLE", "not loaded"),
+    ModelStatus.FAILED: ("UNAVAILABLE", "its engine died and it could not be loaded again"),
 }
 
 
