@@ -114,7 +114,7 @@ def saturate_models(models: dict, body: bytes, *, max_batch_size: int, window_s:
     start-up; the window is taken inside that run, once answers flow: ``/metrics`` deltas
     and the server process's CPU seconds (psutil: user + system, every thread) over
     ``window_s`` wall-clock seconds. Returns, per model: ``answered`` (200s), ``shed``
-    (503s), ``server_cpu_s``, ``window_s``, ``mean_batch`` (rows per call), for
+    (503s of a full queue: ``reason="queue_full"``), ``server_cpu_s``, ``window_s``, ``mean_batch`` (rows per call), for
     ``definitions.t_http_s``, ``capacity_rps`` and ``core_share``. Keep ``connections`` at
     least twice the cap and at most ``max_queue_size``, as ``capacity_rps`` asks.
     """
@@ -165,7 +165,8 @@ def saturate_models(models: dict, body: bytes, *, max_batch_size: int, window_s:
 
             calls = delta("mmserver_batch_size_rows_count")
             out[name] = {"answered": delta("mmserver_requests_total", status="200"),
-                         "shed": delta("mmserver_requests_total", status="503"),
+                         "shed": delta("mmserver_requests_unavailable_total",
+                                       reason="queue_full"),
                          "server_cpu_s": cpu_after - cpu_before, "window_s": ended - began,
                          "mean_batch": delta("mmserver_batch_size_rows_sum") / calls if calls else 0.0}
     return out

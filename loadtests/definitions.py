@@ -47,6 +47,14 @@ FIT_BATCH_SIZES = (2, 4, 8)
 SATURATED_BATCH_SHARE = 0.75
 
 
+#: How early the event loop may run a ``call_at`` timer: its clock's resolution and the
+#: loop's own rounding (asyncio runs a callback up to one clock tick before its time).
+TIMER_TOLERANCE_S = 0.01
+
+#: How long the event loop may take to act on something that is due (wake the runner after
+#: its event is set, answer a refusal) and still count as "at once" on a busy 2-core machine.
+SCHEDULING_SLACK_S = 0.05
+
 def _positive(**values: float) -> None:
     for name, value in values.items():
         if not value > 0 or math.isinf(value):
@@ -143,6 +151,22 @@ def speedup(batch_sizes: Sequence[int], call_seconds: Sequence[float],
     """
     ceiling, _ = offline_ceiling_rps(batch_sizes, call_seconds, max_batch_size)
     return ceiling * lone_call_seconds(batch_sizes, call_seconds, fit_sizes)
+
+
+def speedup_over_t1(batch_sizes: Sequence[int], call_seconds: Sequence[float],
+                    max_batch_size: int | None = None) -> float:
+    """The offline ceiling (at ``max_batch_size``) × the *measured* ``t(1)``.
+
+    What the model alone predicts for the served gain: a server with batching off pays the
+    measured batch-1 call per request, not ``t₁``, so a server that added nothing to a request
+    would gain this much. It is ``speedup`` × ``t(1)/t₁``: the same where batch 1 lies on or
+    below the line, larger where it runs slower kernels. Needs a measured batch of 1.
+    """
+    measured = dict(_pairs(batch_sizes, call_seconds))
+    if 1 not in measured:
+        raise ValueError("the speedup over t(1) needs a measured batch of 1")
+    ceiling, _ = offline_ceiling_rps(batch_sizes, call_seconds, max_batch_size)
+    return ceiling * measured[1]
 
 
 # -- the server --------------------------------------------------------------------------------
@@ -250,6 +274,20 @@ def served_gain(capacity_batched_rps: float, capacity_unbatched_rps: float) -> f
     return capacity_batched_rps / capacity_unbatched_rps
 
 
+def server_added_s(capacity_rps: float, call_s: float, batch_rows: float) -> float:
+    """``1/capacity − t(b)/b``: wall-clock seconds per request the saturated server spent
+    beyond the model's share of a call.
+
+    ``capacity_rps`` from ``capacity_rps`` at MAX_BATCH_SIZE ``b`` (full batches), ``call_s``
+    the model's measured ``t(b)`` in process on the same kind of core: what the server's own
+    work (HTTP, decoding, queueing, stacking rows, waking threads) added to each request. It
+    falls with batching where a batch shares the server's per-call work; it can come out a
+    little negative when the two measurements' noise exceeds it.
+    """
+    _positive(capacity_rps=capacity_rps, call_s=call_s, batch_rows=batch_rows)
+    return 1.0 / capacity_rps - call_s / batch_rows
+
+
 def efficiency(measured_rps: float, limit_rps: float) -> float:
     """Measured throughput over the serial limit (``serial_limit_rps``), both per CPU second.
 
@@ -315,6 +353,17 @@ def device_time_saved(greedy_s_per_request: float, waiting_s_per_request: float)
     if waiting_s_per_request < 0:
         raise ValueError(f"waiting_s_per_request must not be negative, got {waiting_s_per_request!r}")
     return 1.0 - waiting_s_per_request / greedy_s_per_request
+
+
+def queue_wait_s(arrived_s: float, launched_s: float) -> float:
+    """Queue wait: from a request's arrival to the start of the model call that holds it.
+
+    Both on one clock. The time a request spends waiting for company or for the model, not
+    the call itself; a refused request has none.
+    """
+    if launched_s < arrived_s:
+        raise ValueError(f"a call cannot hold a request before it arrived: {arrived_s!r} > {launched_s!r}")
+    return launched_s - arrived_s
 
 
 # -- comparing measurements ----------------------------------------------------------------------

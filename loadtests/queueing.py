@@ -55,12 +55,21 @@ from collections.abc import Sequence
 
 @dataclasses.dataclass(frozen=True)
 class BatchCost:
-    """``t(b) = a + c*b`` seconds."""
+    """``t(b) = a + c*b`` seconds; ``t1``, when given, is the *measured* one-row call.
+
+    On a CPU a batch of one need not lie on the line through larger batches (resnet18's t(1)
+    is well above ``a + c``), and with batching off every call is a batch of one: fed the
+    line's t(1), the model predicts a batching-off server faster than the one measured.
+    ``loadtests.instruments.queueing_cost`` builds it from measured call times.
+    """
 
     a: float
     c: float
+    t1: float | None = None
 
     def __call__(self, b: float) -> float:
+        if b == 1 and self.t1 is not None:
+            return self.t1
         return self.a + self.c * b
 
     def offline_ceiling(self, b: float) -> float:

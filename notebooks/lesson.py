@@ -14,7 +14,11 @@ things, is printed from the run's variables by :func:`say` (a Markdown f-string)
 qualitative claim goes through :func:`claim`, which asserts it before printing it, so a
 re-run that contradicts the lesson fails instead of lying. :func:`learned` prints the
 closing summary the same way. The quantities the sentences name come from
-``loadtests.definitions``, imported here as ``definitions``.
+``loadtests.definitions``, imported here as ``definitions``; they are measured by
+``loadtests.instruments`` (``instruments``), judged by ``loadtests.verdicts`` (``verdicts``:
+:func:`claim` asserts a verdict, :func:`report` prints one whichever way it went), and
+:func:`record` writes them to the run's ledger (``loadtests.ledger``), which fails when a
+notebook contradicts an earlier one under the same conditions.
 
 Processes a notebook starts go through :func:`started`; :func:`stop_all` stops them (it also
 runs when the kernel exits). That none outlives the notebook is checked by the tests
@@ -38,6 +42,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 import torch  # noqa: E402
 
 from loadtests import definitions  # noqa: E402,F401 - the notebooks' one glossary
+from loadtests import instruments, verdicts  # noqa: E402,F401 - how they measure and judge
+from loadtests.ledger import Ledger  # noqa: E402
 from mmserver.allocator import keep_freed_memory_in_heap  # noqa: E402
 
 QUICK = os.environ.get("MMSERVER_QUICK", "") not in ("", "0")
@@ -70,10 +76,29 @@ def say(text: str) -> None:
     display(Markdown(text))
 
 
-def claim(holds: bool, text: str) -> None:
-    """Assert a claim about this run, then state it; a run that contradicts it fails here."""
+def claim(holds, text: str | None = None) -> None:
+    """Assert a claim about this run, then state it; a run that contradicts it fails here.
+
+    ``holds`` is a bool with its ``text``, or a ``verdicts.Verdict`` (its sentence is the text).
+    """
+    if isinstance(holds, verdicts.Verdict):
+        holds, text = holds.holds, text or holds.sentence
     assert holds, f"this run contradicts the lesson's claim: {text}"
     say(f"✔ {text}")
+
+
+def report(verdict) -> None:
+    """State a ``verdicts.Verdict`` whichever way it went (what the reader's machine decides)."""
+    say(verdict.sentence)
+
+
+def record(notebook: str, *measurements) -> None:
+    """Write ``instruments.Measurement`` records to the run's ledger and print each with what
+    the ledger says of it; a contradiction of an earlier notebook fails here."""
+    ledger = Ledger()
+    for measurement in measurements:
+        notes = ledger.record(measurement, notebook)
+        print(measurement.describe() + "".join(f"\n  ledger: {note}" for note in notes))
 
 
 def learned(*points: str) -> None:

@@ -85,6 +85,15 @@ def test_speedup_is_the_ceiling_times_the_lone_call():
     assert d.speedup(SIZES, CALLS_S) < 400 * 0.015
 
 
+def test_speedup_over_t1_is_the_ceiling_times_the_measured_batch_1():
+    assert d.speedup_over_t1(SIZES, CALLS_S) == exactly(400 * 0.015)                  # 6.0: slow batch 1
+    assert d.speedup_over_t1(SIZES, CALLS_S) == exactly(d.speedup(SIZES, CALLS_S) * 0.015 / 0.012)
+    fast_one = [0.011, *CALLS_S[1:]]                                                   # on/below the line
+    assert d.speedup_over_t1(SIZES, fast_one) == exactly(d.speedup(SIZES, fast_one))
+    with pytest.raises(ValueError, match="batch of 1"):
+        d.speedup_over_t1(SIZES[1:], CALLS_S[1:])
+
+
 def test_offline_ceiling_agrees_with_the_queueing_models_line():
     cost = queueing.BatchCost(a=0.010, c=0.002)
     assert cost.offline_ceiling(16) == exactly(16 / 0.042)
@@ -159,6 +168,14 @@ def test_served_gain_and_efficiency_are_ratios():
         d.served_gain(150.0, 0.0)
 
 
+def test_server_added_is_a_request_beyond_the_models_share_of_a_call():
+    assert d.server_added_s(320.0, 0.040, 16) == exactly(1 / 320 - 0.0025)     # 0.625 ms
+    assert d.server_added_s(50.0, 0.015, 1) == exactly(0.005)
+    assert d.server_added_s(410.0, 0.040, 16) < 0                                # noise: not refused
+    with pytest.raises(ValueError):
+        d.server_added_s(0.0, 0.040, 16)
+
+
 def test_busy_fraction_core_share_and_device_time_per_request():
     assert d.busy_fraction(3.4, 5.0) == exactly(0.68)
     assert d.busy_fraction(5.1, 5.0) == exactly(1.02)   # a call straddling the window's start
@@ -195,3 +212,10 @@ def test_indistinguishable_p99s():
     assert not d.indistinguishable((100.0, 100.0), (116.0, 116.0))
     with pytest.raises(ValueError, match="lowest, highest"):
         d.indistinguishable((300.0, 250.0), (300.0, 430.0))
+
+
+def test_queue_wait_is_arrival_to_launch():
+    assert d.queue_wait_s(1.5, 1.6) == exactly(0.1)
+    assert d.queue_wait_s(2.0, 2.0) == 0.0
+    with pytest.raises(ValueError, match="before it arrived"):
+        d.queue_wait_s(2.0, 1.9)

@@ -62,14 +62,22 @@ def _kernel_manager() -> KernelManager | None:
     return KernelManager(kernel_name=NATIVE_KERNEL_NAME, kernel_spec_manager=builtin_only)
 
 
+@pytest.fixture(scope="session")
+def run_ledger(tmp_path_factory) -> Path:
+    """The run's ledger (``loadtests/ledger.py``): shared by the notebooks of one test run, so
+    their cross-notebook checks hold in quick mode too; never the checkout's."""
+    return tmp_path_factory.mktemp("ledger") / "run-ledger.jsonl"
+
+
 def test_there_are_notebooks():
     assert [p.name[:2] for p in NOTEBOOKS][:3] == ["01", "02", "03"], NOTEBOOKS
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_top_to_bottom_in_quick_mode(notebook: Path, tmp_path: Path, monkeypatch):
+def test_notebook_runs_top_to_bottom_in_quick_mode(notebook: Path, tmp_path: Path, monkeypatch, run_ledger):
     monkeypatch.setenv("MMSERVER_QUICK", "1")  # the kernel inherits this process's environment
+    monkeypatch.setenv("MMSERVER_LEDGER", str(run_ledger))  # one ledger for this run's notebooks
     # A learner's machine seldom has wrk: the load generators' fallback must serve every notebook.
     monkeypatch.setenv("PATH", path_without("wrk", tmp_path / "bin"))
     marker = uuid.uuid4().hex

@@ -1,0 +1,111 @@
+"""The run's ledger: every quantity the notebooks measured, in one file, checked against itself.
+
+Each notebook records what it measured (an ``instruments.Measurement``: quantity, model,
+conditions, value, spread) with :meth:`Ledger.record`. The file is JSON lines, one record per
+line, appended, so notebooks run one after another (or a re-run of one) add to the same run's
+file. Recording a quantity the ledger already holds for the same model:
+
+* under the **same conditions**, the two values must agree within the noise band
+  (``definitions.agree``), or :class:`Contradiction` is raised: a cross-notebook contradiction
+  becomes a failing cell, not a reviewer's finding;
+* under **different conditions**, the note returned says which conditions differ (t_http at
+  MAX_BATCH_SIZE 1 and 16 are two quantities, and the sentence must say which one it means).
+
+Which file: ``MMSERVER_LEDGER`` when set (``tests/test_notebooks.py`` gives each test run its
+own), else ``results/run-ledger.jsonl`` of the checkout; :meth:`Ledger.clear` starts a new run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+if not __package__:  # locust -f loadtests imports each file on its own, from anywhere
+    import _repo_path  # noqa: F401
+
+from loadtests import definitions
+from loadtests.instruments import Measurement
+
+LEDGER_ENV = "MMSERVER_LEDGER"
+DEFAULT_PATH = Path(__file__).resolve().parents[1] / "results" / "run-ledger.jsonl"
+
+
+class Contradiction(AssertionError):
+    """A quantity measured twice under the same conditions, outside the noise band."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One line of the ledger: who measured what."""
+
+    notebook: str
+    measurement: Measurement
+
+
+class Ledger:
+    """The run's results file (see the module docstring)."""
+
+    def __init__(self, path: str | Path | None = None, band: float = definitions.NOISE_BAND):
+        self.path = Path(path or os.environ.get(LEDGER_ENV) or DEFAULT_PATH)
+        self.band = band
+
+    def entries(self) -> list[Entry]:
+        if not self.path.exists():
+            return []
+        out = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                data = json.loads(line)
+                out.append(Entry(data["notebook"], Measurement.from_json(data["measurement"])))
+        return out
+
+    def clear(self) -> None:
+        """Start a new run: forget every record."""
+        self.path.unlink(missing_ok=True)
+
+    def earlier(self, record: Measurement) -> list[Entry]:
+        """Entries of the same quantity and model, whatever their conditions."""
+        return [e for e in self.entries()
+                if (e.measurement.quantity, e.measurement.model) == (record.quantity, record.model)]
+
+    def check(self, record: Measurement, notebook: str) -> list[str]:
+        """What recording ``record`` would say, without recording it: one note per earlier
+        record of the same quantity and model. Raises :class:`Contradiction` when one under the
+        same conditions disagrees beyond the band."""
+        notes = []
+        for entry in self.earlier(record):
+            before = entry.measurement
+            differ = _differences(before.where, record.where)
+            if differ:
+                notes.append(f"{record.quantity} of {record.model} was measured in {entry.notebook} under "
+                             f"other conditions ({'; '.join(differ)}): "
+                             f"{before.describe()} — not the same quantity.")
+            elif definitions.agree(before.value, record.value, self.band):
+                notes.append(f"{record.quantity} of {record.model} agrees with {entry.notebook} within the "
+                             f"noise band ({self.band:.0%}): {before.describe()}; now {record.describe()}.")
+            else:
+                raise Contradiction(
+                    f"{notebook} contradicts {entry.notebook}: {record.quantity} of {record.model} under the "
+                    f"same conditions is {record.describe()} here against {before.describe()} there, more "
+                    f"than the noise band ({self.band:.0%}) apart")
+        return notes
+
+    def record(self, record: Measurement, notebook: str) -> list[str]:
+        """Check ``record`` against the ledger (:meth:`check`), then append it; the notes."""
+        notes = self.check(record, notebook)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps({"notebook": notebook, "measurement": record.as_json()}) + "\n")
+        return notes
+
+
+def _differences(before: dict, now: dict) -> list[str]:
+    return [f"{key}: {before.get(key, '—')} there, {now.get(key, '—')} here"
+            for key in sorted(before.keys() | now.keys()) if _norm(before.get(key)) != _norm(now.get(key))]
+
+
+def _norm(value):
+    """JSON turns tuples into lists: compare what the file would hold."""
+    return json.loads(json.dumps(value))

@@ -1,0 +1,913 @@
+"""Every verdict the lesson prints, as a pure function of measurement records.
+
+A notebook never types a verdict ("pays", "follows", "fills by itself", "indistinguishable",
+"the wait saved"): it calls one of these functions on the records its instruments returned
+(``loadtests.instruments.Measurement``) and prints the :class:`Verdict`'s sentence, whose verb
+comes from the result. ``lesson.claim(verdict)`` asserts that it holds, where the lesson
+depends on it; ``lesson.say(verdict.sentence)`` reports it whichever way it went, where the
+reader's machine decides (whether batch 1 lies on the cost line, for one).
+
+Comparisons refuse what cannot be compared (:class:`Incomparable`): two policies at different
+offered loads, a served gain against a per-row speedup, an account of the server's core that
+leaves ``t_http`` out or reads the model's call on the wall clock.
+``tests/test_verdicts.py`` holds each function to records where it must hold and where it
+must not, including the counterexamples of the lesson's review.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+if not __package__:  # locust -f loadtests imports each file on its own, from anywhere
+    import _repo_path  # noqa: F401
+
+from loadtests import definitions
+from loadtests.instruments import Measurement
+
+#: The model's or the server's gain from which batching is worth its added latency at all ...
+PAYS_A_LITTLE = 1.2
+#: ... and from which it clearly pays (notebook 01's scale).
+PAYS = 2.0
+
+#: What each gain is, in the sentence that names it.
+GAINS = {"speedup": "the model's per-row speedup (the model alone, in process)",
+         "served gain": "the served gain (through the server, its per-call work shared too)"}
+
+
+class Incomparable(ValueError):
+    """Two records that do not measure the same thing under comparable conditions."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """A claim's result: whether it holds, the word the result chose, the sentence to print."""
+
+    claim: str
+    holds: bool
+    word: str
+    sentence: str
+
+    def __bool__(self) -> bool:
+        return self.holds
+
+    def __str__(self) -> str:
+        return self.sentence
+
+
+def comparable(a: Measurement, b: Measurement, *, same_quantity: bool = True,
+               ignore: tuple[str, ...] = ()) -> None:
+    """Raise :class:`Incomparable` unless ``a`` and ``b`` are the same quantity under the same
+    conditions (``ignore`` lists conditions the comparison is about, e.g. the policy)."""
+    if same_quantity and a.quantity != b.quantity:
+        raise Incomparable(f"{a.quantity} and {b.quantity} are different quantities")
+    wa, wb = a.where, b.where
+    differ = [f"{k}: {wa.get(k, '—')} against {wb.get(k, '—')}" for k in sorted(wa.keys() | wb.keys())
+              if k not in ignore and wa.get(k) != wb.get(k)]
+    if differ:
+        raise Incomparable(f"{a.describe()} and {b.describe()} were measured under different conditions: "
+                           + "; ".join(differ))
+
+
+def _gain_name(gain: Measurement) -> str:
+    if gain.quantity not in GAINS:
+        raise Incomparable(f"{gain.quantity!r} is not a gain: give a speedup or a served gain")
+    return GAINS[gain.quantity]
+
+
+def pays(gain: Measurement) -> Verdict:
+    """Whether batching pays, by the gain ``gain`` measured: under ``PAYS_A_LITTLE`` it barely
+    pays, from ``PAYS`` it pays, between them a little; within the noise band of a threshold
+    the sentence says a re-run may sort it into the neighbouring case. The sentence names
+    which gain it judges (the model's per-row speedup or the served gain): the two differ."""
+    name, x = _gain_name(gain), gain.value
+    if x < PAYS_A_LITTLE:
+        word = "barely pays"
+    elif x < PAYS:
+        word = "pays a little"
+    else:
+        word = "pays"
+    near = [t for t in (PAYS_A_LITTLE, PAYS) if definitions.agree(x, t)]
+    sentence = (f"By {name} of {gain.model}, {x:.2f}× at MAX_BATCH_SIZE {gain.where.get('max_batch_size', '?')}, "
+                f"batching {word} (scale: under {PAYS_A_LITTLE}× barely, from {PAYS}× clearly)")
+    sentence += (f"; within the noise band of {near[0]}×, a re-run may sort it into the neighbouring case."
+                 if near else ".")
+    return Verdict("batching pays", x >= PAYS_A_LITTLE, word, sentence)
+
+
+def follows(served: Measurement, predicted_x: float, predicted_by: str = "the serial limits' ratio") -> Verdict:
+    """Whether the served gain follows a predicted gain: the same number within the noise band
+    (``definitions.agree``). Outside it the sentence says it does not, and by how much."""
+    _gain_name(served)
+    off = served.value / predicted_x - 1
+    holds = definitions.agree(served.value, predicted_x)
+    word = "follows" if holds else "does not follow"
+    sentence = (f"The served gain of {served.model} ({served.value:.2f}×) {word} {predicted_by} "
+                f"({predicted_x:.2f}×): off by {off:+.0%}, "
+                + ("within" if holds else "outside") + f" the noise band ({definitions.NOISE_BAND:.0%}).")
+    return Verdict("the served gain follows the prediction", holds, word, sentence)
+
+
+def account_explains(served: Measurement, t_http: Measurement, call: Measurement, batch_size: int) -> Verdict:
+    """Whether the two-part account ``1 / (t_http + t(b)/b)`` explains what one core served.
+
+    ``served``: ``instruments.served_per_cpu_second``; ``t_http``: ``instruments.t_http``;
+    ``call``: ``instruments.call_time`` of the same model at ``b`` on the CPU clock. It holds
+    only when the account *with* ``t_http`` agrees with the measurement within the noise band
+    **and** the account *without* it does not: an account whose verdict would be the same
+    with ``t_http`` set to zero tests nothing about ``t_http`` (it then says it cannot tell).
+    """
+    if t_http.quantity != "t_http" or not t_http.value > 0:
+        raise Incomparable(f"the account needs a measured t_http, got {t_http.describe()}")
+    if call.quantity != f"t({batch_size})":
+        raise Incomparable(f"the account needs t({batch_size}), got {call.quantity}")
+    if call.where.get("clock") != "cpu":
+        raise Incomparable(f"the account is per CPU second: t({batch_size}) must be on the CPU clock, "
+                           f"got {call.where.get('clock')!r}")
+    per_row = call.value / batch_size
+    with_http = served.value * (t_http.value + per_row)
+    without_http = served.value * per_row
+    explains = definitions.agree(with_http, 1.0)
+    tells = not definitions.agree(without_http, 1.0)
+    if explains and tells:
+        word = "explains"
+    elif explains:
+        word = "cannot tell whether t_http counts in"
+    else:
+        word = "does not explain"
+    direction = ("served more than it allows" if with_http > 1 else "served less than it allows")
+    sentence = (f"The account 1 / (t_http + t({batch_size})/{batch_size}) {word} what one core served of "
+                f"{served.model}: efficiency {with_http:.2f} with t_http ({t_http.value * 1e6:.0f} µs), "
+                f"{without_http:.2f} without it")
+    if word == "explains":
+        sentence += f"; only the account with t_http is within the noise band ({definitions.NOISE_BAND:.0%}) of 1."
+    elif explains:
+        sentence += (f"; both are within the noise band ({definitions.NOISE_BAND:.0%}) of 1, so t_http is too "
+                     "small beside the model's call for this measurement to test it.")
+    else:
+        sentence += f"; the core {direction}, beyond the noise band ({definitions.NOISE_BAND:.0%})."
+    return Verdict("the two-part account explains the served rate", explains and tells, word, sentence)
+
+
+def fills_by_itself(run: Measurement) -> Verdict:
+    """Whether greedy's batches filled by themselves at saturation: the mean batch (the
+    record's context, from ``instruments.capacity``) at least ``SATURATED_BATCH_SHARE`` of
+    its MAX_BATCH_SIZE."""
+    mean_batch, cap = run.observed.get("mean_batch"), run.where.get("max_batch_size")
+    if mean_batch is None or cap is None:
+        raise Incomparable(f"{run.describe()} holds no mean batch and MAX_BATCH_SIZE")
+    holds = mean_batch >= definitions.SATURATED_BATCH_SHARE * cap
+    word = "filled by themselves" if holds else "did not fill by themselves"
+    return Verdict("batches fill by themselves", holds, word,
+                   f"Saturated, {run.model}'s batches {word}: {mean_batch:g} of {cap} rows on average "
+                   f"(full means at least {definitions.SATURATED_BATCH_SHARE:.0%}).")
+
+
+def indistinguishable(a: Measurement, b: Measurement, setting: str = "policy") -> Verdict:
+    """Whether two settings' p99s (records with a spread over repeats) cannot be ranked
+    (``definitions.indistinguishable``). Refused unless measured under the same conditions
+    but ``setting`` (and MAX_WAIT and MAX_BATCH_SIZE, the settings being compared): the same
+    offered load above all."""
+    comparable(a, b, ignore=(setting, "max_wait_ms", "max_batch_size"))
+    holds = definitions.indistinguishable(a.spread, b.spread)
+    word = "indistinguishable" if holds else "told apart"
+    return Verdict("the settings are indistinguishable", holds, word,
+                   f"{a.model} and {b.model} are {word} at this load: p99 {a.spread[0] * 1e3:.0f}–"
+                   f"{a.spread[1] * 1e3:.0f} ms against {b.spread[0] * 1e3:.0f}–{b.spread[1] * 1e3:.0f} ms "
+                   f"over their repeats (a single repeat widened by {definitions.NOISE_BAND:.0%}).")
+
+
+def wait_saved(greedy: Measurement, waiting: Measurement) -> Verdict:
+    """What a MAX_WAIT saved of greedy's device time per request at the *same* offered load
+    (``definitions.device_time_saved``): refused at different loads, since batches grow
+    with the load whatever the setting. It holds when the saving exceeds the noise band."""
+    if greedy.quantity != "device time per request":
+        raise Incomparable(f"the wait's saving is in device time per request, got {greedy.quantity!r}")
+    comparable(greedy, waiting, ignore=("policy", "max_wait_ms"))
+    saved = definitions.device_time_saved(greedy.value, waiting.value)
+    holds = saved > definitions.NOISE_BAND
+    word = "saved" if holds else "saved no more than the noise band of"
+    load = (f"{_load(greedy)} requests/s" if "offered_rps" in greedy.where
+            else greedy.where.get("load", "the same load"))
+    return Verdict("the wait saved device time", holds, word,
+                   f"At {load}, the wait {word} device time per request: "
+                   f"{waiting.value * 1e3:.2f} ms against greedy's {greedy.value * 1e3:.2f} ms ({saved:+.0%}"
+                   f"{'' if holds else f', noise band {definitions.NOISE_BAND:.0%}'}).")
+
+
+def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement) -> Verdict:
+    """Whether the measured one-row call lies on the cost line (``t(1)`` against ``F + c``
+    within the noise band). A property of the reader's CPU kernels, not a law: notebooks print
+    it, they do not assert it."""
+    if t1.quantity != "t(1)":
+        raise Incomparable(f"need the measured t(1), got {t1.quantity!r}")
+    comparable(fixed, per_row, same_quantity=False)
+    line = fixed.value + per_row.value
+    holds = definitions.agree(t1.value, line)
+    word = "on the line" if holds else "off the line"
+    return Verdict("batch 1 is on the cost line", holds, word,
+                   f"On this machine {t1.model}'s batch 1 is {word}: t(1) = {t1.value * 1e3:.2f} ms, "
+                   f"{t1.value / line:.2f}× the line's F + c = {line * 1e3:.2f} ms "
+                   f"(noise band {definitions.NOISE_BAND:.0%}).")
+
+
+def passes_on(served: Measurement, model_gain: Measurement) -> Verdict:
+    """Whether the server passed the model's gain on: the served gain against the model's
+    speedup over its *measured* t(1) (``instruments.speedup_over_t1``), the gain a server that
+    added nothing to a request would show, since batching off pays the measured batch-1 call.
+
+    Within the noise band the server passed the gain on. Above it, the server added less time
+    to each request with batching on than off (a served gain above the model's is possible
+    only then), so a batch shared the server's per-call work too; both hold. Below it, the
+    server's own work per request ate part of the gain: it does not hold. Refused: the per-row
+    ``speedup`` (against ``t₁``, which no server pays), another model, another MAX_BATCH_SIZE.
+    """
+    if served.quantity != "served gain":
+        raise Incomparable(f"need the served gain, got {served.quantity!r}")
+    if model_gain.quantity != "speedup over t(1)":
+        raise Incomparable(f"the served gain compares with the model's speedup over its measured t(1), "
+                           f"not with {model_gain.quantity!r}: a server with batching off pays t(1)")
+    if served.model != model_gain.model:
+        raise Incomparable(f"the served gain of {served.model} against the speedup of {model_gain.model}")
+    b = served.where.get("max_batch_size")
+    if b != model_gain.where.get("max_batch_size"):
+        raise Incomparable(f"served at MAX_BATCH_SIZE {b}, the speedup at "
+                           f"{model_gain.where.get('max_batch_size')}")
+    off = served.value / model_gain.value - 1
+    if definitions.agree(served.value, model_gain.value):
+        word, why = "passed on", f"within the noise band ({definitions.NOISE_BAND:.0%})."
+    elif off > 0:
+        word = "passed on and added to"
+        why = (f"beyond the noise band ({definitions.NOISE_BAND:.0%}): with batching on the server added less "
+               "time to each request than with it off, so a batch shared the server's per-call work too.")
+    else:
+        word = "ate part of"
+        why = (f"beyond the noise band ({definitions.NOISE_BAND:.0%}): the server's own work per request "
+               "took a share of each request's time that batching did not shrink.")
+    return Verdict("the server passes the model's gain on", word != "ate part of", word,
+                   f"Through the server {served.model} gained {served.value:.2f}× (served gain) against "
+                   f"{model_gain.value:.2f}× in process over the measured t(1), at MAX_BATCH_SIZE {b}: "
+                   f"the server {word} the model's gain ({off:+.0%}), {why}")
+
+
+def _exceeds(a: float, b: float) -> bool:
+    """``a`` larger than ``b`` beyond the noise band (a positive ``a`` exceeds any ``b`` ≤ 0)."""
+    return a > 0 and (b <= 0 or (a > b and not definitions.agree(a, b)))
+
+
+def larger_share_gains_more(share_big: Measurement, speedup_big: Measurement,
+                            share_small: Measurement, speedup_small: Measurement) -> Verdict:
+    """Whether, of two models, the first, whose fixed share (``instruments.fixed_share``) is the
+    larger beyond the noise band, also has the larger per-row speedup (``instruments.speedup``)
+    beyond it. It does not hold when the first model's share is not the larger beyond the band
+    (the sentence says so) or when its speedup is not. Refused: records of other quantities, a
+    share and a speedup of different models, two speedups under different conditions (clock,
+    threads, MAX_BATCH_SIZE)."""
+    for share, gain in ((share_big, speedup_big), (share_small, speedup_small)):
+        if share.quantity != "fixed share" or gain.quantity != "speedup":
+            raise Incomparable(f"need a fixed share and a per-row speedup, got {share.quantity!r} and "
+                               f"{gain.quantity!r}")
+        if share.model != gain.model:
+            raise Incomparable(f"the fixed share of {share.model} with the speedup of {gain.model}")
+    if share_big.model == share_small.model:
+        raise Incomparable(f"two records of one model, {share_big.model}")
+    comparable(share_big, share_small)
+    comparable(speedup_big, speedup_small)
+    big, small = share_big.model, share_small.model
+    shares = f"fixed share {share_big.value:.0%} against {share_small.value:.0%}"
+    gains = f"per-row speedup {speedup_big.value:.2f}× against {speedup_small.value:.2f}×"
+    band = f"noise band {definitions.NOISE_BAND:.0%}"
+    if not _exceeds(share_big.value, share_small.value):
+        word = "has no larger fixed share"
+        sentence = f"{big} {word} than {small} beyond the {band} ({shares}; {gains})."
+    else:
+        word = "gained more" if _exceeds(speedup_big.value, speedup_small.value) else "did not gain more"
+        sentence = (f"{big}, with the larger fixed share ({shares} for {small}), {word} from a batch than "
+                    f"{small} at MAX_BATCH_SIZE {speedup_big.where.get('max_batch_size', '?')}: {gains} ({band}).")
+    return Verdict("the larger fixed share gains more", word == "gained more", word, sentence)
+
+def grows_with_padded_tokens(fewer_rows: Measurement, more_rows: Measurement,
+                             longer: Measurement) -> Verdict:
+    """Whether a text model's call costs by its padded tokens (rows x length), not its rows.
+
+    Three ``instruments.padded_call_time`` records of one model and clock: ``fewer_rows`` and
+    ``more_rows`` hold the *same* padded tokens in different rows (fewer, longer rows against
+    more, shorter ones), ``longer`` has ``more_rows``'s rows at a greater length. It holds when
+    the two of equal tokens agree within the noise band **and** ``longer`` costs more than the
+    band above ``more_rows``. Otherwise the word says which half failed: a cost that follows
+    rows (the same tokens in more rows cost more), or one that does not grow with tokens at
+    all here (a device that is not yet full).
+    """
+    for record in (fewer_rows, more_rows, longer):
+        if record.quantity != "t(b, L)":
+            raise Incomparable(f"need t(b, L) records, got {record.quantity!r}")
+        if record.model != fewer_rows.model:
+            raise Incomparable(f"{record.model} and {fewer_rows.model} are different models")
+        comparable(fewer_rows, record, ignore=("rows", "length"))
+    tokens = {id(r): r.where["rows"] * r.where["length"] for r in (fewer_rows, more_rows, longer)}
+    if tokens[id(fewer_rows)] != tokens[id(more_rows)] or fewer_rows.where["rows"] >= more_rows.where["rows"]:
+        raise Incomparable("fewer_rows and more_rows must hold the same padded tokens, more_rows in more rows")
+    if longer.where["rows"] != more_rows.where["rows"] or tokens[id(longer)] <= tokens[id(more_rows)]:
+        raise Incomparable("longer must have more_rows's rows at a greater length")
+    same = definitions.agree(fewer_rows.value, more_rows.value)
+    grows = longer.value > more_rows.value * (1 + definitions.NOISE_BAND)
+    if same and grows:
+        word = "grows with padded tokens, not with rows"
+    elif not same and more_rows.value > fewer_rows.value:
+        word = "grows with rows, not only with padded tokens"
+    elif not same:
+        word = "is not set by padded tokens alone"
+    else:
+        word = "does not grow with padded tokens here"
+
+    def shape(r: Measurement) -> str:
+        return f"{r.where['rows']} × {r.where['length']}"
+
+    sentence = (f"{fewer_rows.model}'s call ({fewer_rows.where['clock']} clock) {word}: "
+                f"t({shape(fewer_rows)}) = {fewer_rows.value * 1e3:.2f} ms against "
+                f"t({shape(more_rows)}) = {more_rows.value * 1e3:.2f} ms for the same "
+                f"{tokens[id(more_rows)]} padded tokens ({more_rows.value / fewer_rows.value:.2f}×), "
+                f"and t({shape(longer)}) = {longer.value * 1e3:.2f} ms for "
+                f"{tokens[id(longer)] // tokens[id(more_rows)]}× the tokens "
+                f"({longer.value / more_rows.value:.2f}×; noise band {definitions.NOISE_BAND:.0%}).")
+    return Verdict("a call costs by its padded tokens", same and grows, word, sentence)
+
+
+def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s: float,
+                        setting: str = "batching") -> Verdict:
+    """Which setting serves the most within a p99 budget, over the loads each was driven at.
+
+    ``points``: (throughput, p99) record pairs, one per setting (the conditions' ``setting``)
+    and load, both from the same windows. Per setting, its best point is the highest throughput
+    whose p99 is within ``budget_s``. The pick is the setting with the best such throughput; if
+    the runner-up's throughput over its repeats overlaps the pick's
+    (``definitions.indistinguishable``), the two cannot be told apart and the sentence says so.
+    It holds when some setting meets the budget and the pick is told apart from the runner-up.
+    """
+    best: dict[str, Measurement] = {}
+    for rate, p99 in points:
+        if p99.quantity != "p99" or rate.quantity != "text throughput":
+            raise Incomparable(f"need (text throughput, p99) pairs, got ({rate.quantity}, {p99.quantity})")
+        if rate.where != p99.where:
+            raise Incomparable("a pair's throughput and p99 come from different runs")
+        name = rate.where[setting]
+        if p99.value <= budget_s and (name not in best or rate.value > best[name].value):
+            best[name] = rate
+    missed = sorted({rate.where[setting] for rate, _ in points} - best.keys())
+    if not best:
+        return Verdict("a setting meets the p99 budget", False, "no setting meets",
+                       f"No setting meets the p99 budget of {budget_s * 1e3:.0f} ms at any load driven.")
+    ranked = sorted(best.values(), key=lambda r: r.value, reverse=True)
+    pick = ranked[0]
+    tied = [r for r in ranked[1:] if definitions.indistinguishable(pick.spread, r.spread)]
+    listing = "; ".join(f"{r.where[setting]} {r.value:.1f} texts/s ({r.spread[0]:.1f}–{r.spread[1]:.1f}) "
+                        f"at {r.where.get('clients', '?')} client{'' if r.where.get('clients') == 1 else 's'}" for r in ranked)
+    if tied:
+        word = "cannot choose between"
+        head = (f"For a p99 budget of {budget_s * 1e3:.0f} ms we {word} {pick.where[setting]} and "
+                + ", ".join(r.where[setting] for r in tied) + ": their best throughputs overlap over the repeats")
+    else:
+        word = "pick"
+        head = f"For a p99 budget of {budget_s * 1e3:.0f} ms, {word} {pick.where[setting]}"
+    sentence = head + f" (best within the budget: {listing})"
+    sentence += (f"; never within it: {', '.join(missed)}." if missed else ".")
+    return Verdict("one setting serves the most within the p99 budget", not tied, word, sentence)
+
+
+def pads_less(candidate: Measurement, baseline: Measurement, setting: str = "batching") -> Verdict:
+    """Whether ``candidate``'s calls held less padding than ``baseline``'s at the same load:
+    two ``instruments.padding_efficiency`` records under the same conditions but ``setting``.
+    It holds when the candidate's lowest efficiency over its repeats is above the baseline's
+    highest; overlapping ranges are not told apart."""
+    if candidate.quantity != "padding efficiency":
+        raise Incomparable(f"need padding efficiency records, got {candidate.quantity!r}")
+    comparable(candidate, baseline, ignore=(setting,))
+    holds = candidate.spread[0] > baseline.spread[1]
+    if holds:
+        word = "padded less than"
+    elif definitions.indistinguishable(candidate.spread, baseline.spread):
+        word = "cannot be told apart in padding from"
+    else:
+        word = "padded more than"
+    return Verdict("one setting pads less", holds, word,
+                   f"At {candidate.where.get('clients', '?')} clients, {candidate.where[setting]} {word} "
+                   f"{baseline.where[setting]}: padding efficiency {candidate.value:.2f} "
+                   f"({candidate.spread[0]:.2f}–{candidate.spread[1]:.2f}) against {baseline.value:.2f} "
+                   f"({baseline.spread[0]:.2f}–{baseline.spread[1]:.2f}) over the repeats; real tokens over "
+                   "the padded tokens the model ran.")
+
+# -- a batching runner alone (notebooks 02 and 03) -------------------------------------------------
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def timer_on_time(delay: Measurement) -> Verdict:
+    """Whether a ``call_at`` timer set its event when it was armed to, every repeat (within
+    ``TIMER_TOLERANCE_S`` before and ``SCHEDULING_SLACK_S`` after), and a cancelled one never
+    did (``instruments.timer_delay``)."""
+    if delay.quantity != "timer delay":
+        raise Incomparable(f"need a timer delay, got {delay.quantity!r}")
+    armed, (low, high) = delay.where["armed_s"], delay.spread
+    fired = delay.observed.get("cancelled_fired")
+    on_time = armed - definitions.TIMER_TOLERANCE_S <= low and high < armed + definitions.SCHEDULING_SLACK_S
+    holds = on_time and fired is False
+    word = "on time" if on_time else "not on time"
+    sentence = (f"A timer armed for {_ms(armed)} set its event {word}: after {_ms(delay.value)} "
+                f"(from {_ms(low)} to {_ms(high)} over {delay.repeats} timers); a cancelled one "
+                + ("never did." if fired is False else "set it anyway."))
+    return Verdict("a timer fires when armed, a cancelled one never", holds, word, sentence)
+
+
+def own_rows(rows: Measurement) -> Verdict:
+    """Whether every answered client got its own input's output back (``instruments.own_rows``)."""
+    if rows.quantity != "own rows":
+        raise Incomparable(f"need the share of own rows, got {rows.quantity!r}")
+    holds = rows.value == 1.0
+    word = "its own" if holds else "not always its own"
+    return Verdict("each client gets its own row", holds, word,
+                   f"Each of the {rows.repeats} answered clients got {word} input back, mirrored"
+                   + ("." if holds else f": {rows.value:.0%} of them did."))
+
+
+def waited_max_wait(wait: Measurement, max_wait_s: float) -> Verdict:
+    """Whether a queue wait was the whole MAX_WAIT: at least it (less ``TIMER_TOLERANCE_S``) and
+    no more than ``SCHEDULING_SLACK_S`` past it (``instruments.queue_wait``)."""
+    if wait.quantity != "queue wait":
+        raise Incomparable(f"need a queue wait, got {wait.quantity!r}")
+    holds = max_wait_s - definitions.TIMER_TOLERANCE_S <= wait.value < max_wait_s + definitions.SCHEDULING_SLACK_S
+    word = "the whole MAX_WAIT" if holds else "not the MAX_WAIT"
+    return Verdict("a lone request waits MAX_WAIT", holds, word,
+                   f"Client {wait.where.get('client')} waited {wait.value:.3f} s before its batch ran: "
+                   f"{word} of {max_wait_s:g} s.")
+
+
+def launched_at_once(wait: Measurement) -> Verdict:
+    """Whether a client's call started at once on its arrival: a queue wait under
+    ``SCHEDULING_SLACK_S`` (``instruments.queue_wait``)."""
+    if wait.quantity != "queue wait":
+        raise Incomparable(f"need a queue wait, got {wait.quantity!r}")
+    holds = wait.value < definitions.SCHEDULING_SLACK_S
+    word = "at once" if holds else "not at once"
+    return Verdict("the batch launched at once", holds, word,
+                   f"Client {wait.where.get('client')}'s batch launched {word}: {_ms(wait.value)} after it "
+                   f"arrived (at once means under {_ms(definitions.SCHEDULING_SLACK_S)}).")
+
+
+def refused_at_once(refusal: Measurement, expected: Sequence[int]) -> Verdict:
+    """Whether exactly the ``expected`` clients were refused, each while the model was running a
+    call, and each heard it within ``SCHEDULING_SLACK_S`` (``instruments.refusal_time``)."""
+    if refusal.quantity != "time to refuse":
+        raise Incomparable(f"need a time to refuse, got {refusal.quantity!r}")
+    refused = list(refusal.observed.get("refused", ()))
+    busy = bool(refusal.observed.get("while_busy"))
+    quick = refusal.value < definitions.SCHEDULING_SLACK_S
+    holds = refused == list(expected) and busy and quick
+    word = "at once" if quick else "late"
+    return Verdict("a full queue refuses at once", holds, word,
+                   f"Clients {refused} were refused (503), "
+                   + ("each" if busy else "not all") + " while the model was running a batch, "
+                   f"and heard it {word}: within {_ms(refusal.value)} of arriving"
+                   + ("" if refused == list(expected) else f" (the script expected {list(expected)})") + ".")
+
+
+def grouped_as(batches: Measurement, expected: Sequence[Sequence[int]], max_batch_size: int) -> Verdict:
+    """Whether the model calls held exactly the ``expected`` clients, in order, none over
+    ``max_batch_size`` rows (``instruments.batch_sizes``)."""
+    if batches.quantity != "batch size":
+        raise Incomparable(f"need batch sizes, got {batches.quantity!r}")
+    grouping = [sorted(g) for g in batches.observed.get("grouping", ())]
+    want = [sorted(g) for g in expected]
+    holds = grouping == want and batches.spread[1] <= max_batch_size
+    word = "as predicted" if holds else "not as predicted"
+    return Verdict("the calls grouped the clients as predicted", holds, word,
+                   f"The {batches.repeats} model calls grouped the clients {word}: {grouping}, "
+                   f"{batches.value:.2f} rows per call, at most {batches.spread[1]:g} "
+                   f"(MAX_BATCH_SIZE {max_batch_size}).")
+
+
+def wait_costs(timer_p50: Measurement, greedy_p50: Measurement, max_wait_s: float, full_call_s: float) -> Verdict:
+    """Whether waiting for company cost the median request about MAX_WAIT: ``timer``'s p50 over
+    ``greedy``'s at the same offered load by more than half of MAX_WAIT and less than MAX_WAIT
+    plus a full call (``instruments.open_loop_latency``)."""
+    comparable(timer_p50, greedy_p50, ignore=("policy",))
+    cost = timer_p50.value - greedy_p50.value
+    holds = 0.5 * max_wait_s < cost < max_wait_s + full_call_s
+    word = "of the order of MAX_WAIT" if holds else "not of the order of MAX_WAIT"
+    return Verdict("waiting costs the median request about MAX_WAIT", holds, word,
+                   f"At {timer_p50.where.get('offered_rps')} requests/s the median request took "
+                   f"{_ms(timer_p50.value)} under `timer` against {_ms(greedy_p50.value)} under `greedy`: "
+                   f"waiting for company cost it {_ms(cost)}, {word} ({_ms(max_wait_s)}).")
+
+
+def kept_up(worst_p99: Measurement, bound_s: float) -> Verdict:
+    """Whether a runner kept up with its load: its worst p99 over the rates stayed under
+    ``bound_s`` (a backlog that grew through the run would push it far past)."""
+    holds = worst_p99.value < bound_s
+    word = "kept up" if holds else "fell behind"
+    return Verdict("the runner kept up", holds, word,
+                   f"`{worst_p99.model}` {word} at every rate: its worst {worst_p99.quantity}, "
+                   f"{_ms(worst_p99.value)} at {worst_p99.where.get('offered_rps')} requests/s, "
+                   + ("stayed under" if holds else "went past") + f" {_ms(bound_s)}.")
+
+
+def shares_server_work(t_http_batched: Measurement, t_http_alone: Measurement) -> Verdict:
+    """Whether batching shares out part of the server's own work: ``t_http`` at MAX_BATCH_SIZE
+    1 exceeds ``t_http`` at the larger MAX_BATCH_SIZE beyond the noise band. The two are
+    different quantities (the batch size is a condition of ``t_http``), so the sentence names
+    both sizes and the mean batch the server formed. Refused: other quantities, other bodies,
+    clients or clocks, or records at the same MAX_BATCH_SIZE."""
+    for record in (t_http_batched, t_http_alone):
+        if record.quantity != "t_http":
+            raise Incomparable(f"need two t_http records, got {record.quantity!r}")
+    comparable(t_http_batched, t_http_alone, ignore=("max_batch_size",))
+    big, one = t_http_batched.where.get("max_batch_size"), t_http_alone.where.get("max_batch_size")
+    if one != 1 or not big or big <= 1:
+        raise Incomparable(f"need t_http at MAX_BATCH_SIZE 1 and above it, got {one} and {big}")
+    holds = _exceeds(t_http_alone.value, t_http_batched.value)
+    word = "shared out part of" if holds else "did not share out"
+    return Verdict("batching shares the server's per-call work", holds, word,
+                   f"Batching {word} the server's own work per request: t_http at MAX_BATCH_SIZE {big} "
+                   f"(mean batch {t_http_batched.observed.get('mean_batch', '?')}) was "
+                   f"{t_http_batched.value * 1e6:.0f} µs, at MAX_BATCH_SIZE 1 {t_http_alone.value * 1e6:.0f} µs "
+                   f"(noise band {definitions.NOISE_BAND:.0%}).")
+
+
+def server_share(t_http: Measurement, call: Measurement, batch_size: int) -> Verdict:
+    """Whether the server's own work per request (``t_http`` at MAX_BATCH_SIZE ``b``) is larger
+    than the model's share of a batched call, ``t(b)/b`` on the CPU clock. Reported, not
+    asserted: which is larger depends on the model and the machine. Refused: a t_http at another
+    MAX_BATCH_SIZE, a call at another size or on the wall clock."""
+    if t_http.quantity != "t_http" or t_http.where.get("max_batch_size") != batch_size:
+        raise Incomparable(f"need t_http at MAX_BATCH_SIZE {batch_size}, got {t_http.describe()}")
+    if call.quantity != f"t({batch_size})" or call.where.get("clock") != "cpu":
+        raise Incomparable(f"need t({batch_size}) on the CPU clock, got {call.describe()}")
+    per_row = call.value / batch_size
+    share = t_http.value / (t_http.value + per_row)
+    word = "larger" if t_http.value > per_row else "smaller"
+    return Verdict("the server's work outweighs the model's share", word == "larger", word,
+                   f"At MAX_BATCH_SIZE {batch_size} the server's own work per request (t_http "
+                   f"{t_http.value * 1e6:.0f} µs) is {word} than {call.model}'s share of a batched call "
+                   f"(t({batch_size})/{batch_size} = {per_row * 1e6:.0f} µs): {share:.0%} of a request's core time.")
+
+
+def _wait_pair(greedy: Measurement, waiting: Measurement, quantity: str | None = None) -> None:
+    if quantity is not None and greedy.quantity != quantity:
+        raise Incomparable(f"need {quantity} records, got {greedy.quantity!r}")
+    comparable(greedy, waiting, ignore=("max_wait_ms",))
+    if not greedy.where.get("max_wait_ms", 1) < waiting.where.get("max_wait_ms", 0):
+        raise Incomparable(f"the first record must have the shorter max_wait: {greedy.where.get('max_wait_ms')} "
+                           f"against {waiting.where.get('max_wait_ms')}")
+
+
+def _batches(greedy: Measurement, waiting: Measurement) -> tuple[str, str]:
+    _wait_pair(greedy, waiting, "mean batch")
+    if _exceeds(waiting.value, greedy.value):
+        word = "fuller"
+    elif _exceeds(greedy.value, waiting.value):
+        word = "emptier"
+    else:
+        word = "unchanged"
+    return word, (f"With max_wait {waiting.where['max_wait_ms']:g} ms the batches of {greedy.model} were {word}: "
+                  f"{waiting.value:.1f} rows per call against {greedy.value:.1f} with "
+                  f"{greedy.where['max_wait_ms']:g} ms (noise band {definitions.NOISE_BAND:.0%}).")
+
+
+def wait_fills_batches(greedy: Measurement, waiting: Measurement) -> Verdict:
+    """Whether a longer max_wait made the batches fuller (``instruments.mean_batch``, larger
+    beyond the noise band), at the same load. Refused: other conditions, or the longer wait first."""
+    word, sentence = _batches(greedy, waiting)
+    return Verdict("the wait fills the batches", word == "fuller", word, sentence)
+
+
+def wait_leaves_batches(greedy: Measurement, waiting: Measurement) -> Verdict:
+    """Whether a longer max_wait left the batches as they were (mean batches within the noise
+    band), at the same load: what greedy does when no request is ever on its way."""
+    word, sentence = _batches(greedy, waiting)
+    return Verdict("the wait leaves the batches", word == "unchanged", word, sentence)
+
+
+def wait_is_a_bound(queued: Measurement) -> Verdict:
+    """Whether max_wait acted as a bound, not a fixed delay: the mean queue wait
+    (``instruments.queue_wait``) under half the record's max_wait (a delay held by every
+    request of a burst's first call would put the mean above half of it)."""
+    if queued.quantity != "queue wait":
+        raise Incomparable(f"need a queue wait, got {queued.quantity!r}")
+    wait_s = queued.where.get("max_wait_ms", 0) / 1e3
+    if not wait_s > 0:
+        raise Incomparable(f"a record with no max_wait tells nothing of it: {queued.describe()}")
+    holds = queued.value < wait_s / 2
+    word = "a bound, not a delay" if holds else "as long as a delay"
+    return Verdict("max_wait is a bound", holds, word,
+                   f"For {queued.model} max_wait {wait_s * 1e3:g} ms was {word}: the mean queue wait was "
+                   f"{queued.value * 1e3:.1f} ms (a fixed delay would put it above {wait_s * 1e3 / 2:g} ms).")
+
+
+def wait_delays(greedy: Measurement, waiting: Measurement) -> Verdict:
+    """Whether a longer max_wait made an answer (``instruments.answer_latency``: the first,
+    median or last of a burst) come later, beyond the noise band, at the same load. The
+    sentence says later, sooner, or neither."""
+    if not greedy.quantity.endswith(" answer"):
+        raise Incomparable(f"need answer latencies, got {greedy.quantity!r}")
+    _wait_pair(greedy, waiting, greedy.quantity)
+    if _exceeds(waiting.value, greedy.value):
+        word = "later"
+    elif _exceeds(greedy.value, waiting.value):
+        word = "sooner"
+    else:
+        word = "neither sooner nor later"
+    return Verdict("the wait delays the answer", word == "later", word,
+                   f"With max_wait {waiting.where['max_wait_ms']:g} ms the {greedy.quantity} of a burst to "
+                   f"{greedy.model} came {word}: {waiting.value * 1e3:.1f} ms against {greedy.value * 1e3:.1f} ms "
+                   f"with {greedy.where['max_wait_ms']:g} ms (medians over bursts, noise band "
+                   f"{definitions.NOISE_BAND:.0%}).")
+
+
+# -- notebook 06: the kind of load, a stall, and a full queue ------------------------------------
+
+
+def _bracket(share: tuple[float, float]) -> str:
+    return f"{share[0]:.1%}-{share[1]:.1%}"
+
+
+def batches_past_users(largest_batch: float, users: int, open_rps: float, closed_rps: float) -> Verdict:
+    """Whether an open loop's batches grew past what ``users`` closed-loop users allow (the
+    upper bound of the largest batch's histogram bin against ``users``). Refused unless both
+    loads ran at the same mean rate (within twice the noise band: locust's open loop runs a
+    little short of what it asks): batches grow with the rate whatever the kind of load."""
+    if not definitions.agree(open_rps, closed_rps, 2 * definitions.NOISE_BAND):
+        raise Incomparable(f"the open loop ran at {open_rps:.0f} requests/s and the closed loop at "
+                           f"{closed_rps:.0f}: different rates, not the same load of another kind")
+    holds = largest_batch > users
+    word = "grew past" if holds else "did not grow past"
+    return Verdict("an open loop's batches grow past the closed loop's users", holds, word,
+                   f"At about the same mean rate ({open_rps:.0f} against {closed_rps:.0f} requests/s) the open "
+                   f"loop's batches {word} the {users} rows {users} closed-loop users allow (its largest in a bin "
+                   f"up to {largest_batch:g} rows).")
+
+
+def stall_hidden(closed_share: tuple[float, float], open_share: tuple[float, float],
+                 closed_max_s: float, stall_s: float) -> Verdict:
+    """Whether a closed loop hid a stall an open loop exposed: the closed loop lived through it
+    (its slowest request at least 90 % of the stall) yet its share of slow requests (bracketed,
+    ``(low, high)``) lies below the open loop's through the same stall, which is at least 1 %."""
+    lived = closed_max_s >= 0.9 * stall_s
+    holds = lived and open_share[0] > max(closed_share[1], 0.01)
+    word = "hid" if holds else "did not hide"
+    return Verdict("a closed loop hides a stall", holds, word,
+                   f"The closed loop {word} the {stall_s:g} s stall: its slowest request took {closed_max_s:.2f} s "
+                   f"({'it lived through the stall' if lived else 'it never met the stall'}), yet "
+                   f"{_bracket(closed_share)} of its requests took over {stall_s / 2:g} s, against "
+                   f"{_bracket(open_share)} of the open loop's through the same stall.")
+
+
+def stall_is_the_cause(with_stall: tuple[float, float], without_stall: tuple[float, float],
+                       stall_s: float) -> Verdict:
+    """Whether the open loop's share of slow requests is the stall's: with the stall it lies
+    above the same load's share without one, and is at least 1 %."""
+    holds = with_stall[0] > max(without_stall[1], 0.01)
+    word = "is" if holds else "is not"
+    return Verdict("the slow share is the stall's", holds, word,
+                   f"The open loop's share of requests over {stall_s / 2:g} s {word} the stall's: "
+                   f"{_bracket(with_stall)} with it, {_bracket(without_stall)} of the same load without it.")
+
+
+def sheds_cleanly(drain: Measurement, failed: int, max_batch_size: int) -> Verdict:
+    """Whether an overloaded server shed the excess and kept working: more 503s per second
+    than answers (``instruments.drain_rate``'s context), no request failed, full batches."""
+    if drain.quantity != "drain rate":
+        raise Incomparable(f"need a drain rate, got {drain.quantity!r}")
+    shed, mean_batch = drain.observed["shed_rps"], drain.observed["mean_batch"]
+    full = mean_batch >= definitions.SATURATED_BATCH_SHARE * max_batch_size
+    holds = shed > drain.value and failed == 0 and full
+    word = "shed the excess cleanly" if holds else "did not shed the excess cleanly"
+    return Verdict("an overloaded server sheds cleanly", holds, word,
+                   f"Overloaded, the server {word}: {shed:.0f} 503s/s against {drain.value:.0f} answers/s, "
+                   f"{failed} failed, batches of {mean_batch:g} of {max_batch_size} rows on average.")
+
+
+def queue_bound_holds(wait: Measurement, drain: Measurement, batch: Measurement,
+                      max_queue_size: int, max_batch_size: int) -> Verdict:
+    """Whether the full queue's bounds at the *measured* drain rate ``X`` hold the median
+    accepted wait: ``Q / X`` (admitted as a batch ended) to ``(Q + B) / X``
+    (``definitions.full_queue_wait_s``), each widened by the noise band; and whether the
+    queue stayed full (arrivals refilled the ``B`` places a batch frees within half a batch's
+    time, at the rate that reached the server)."""
+    if (wait.quantity, drain.quantity, batch.quantity) != ("accepted latency", "drain rate", "batch time"):
+        raise Incomparable("need an accepted latency, a drain rate and a batch time")
+    band = definitions.NOISE_BAND
+    least = max_queue_size / drain.value
+    most = definitions.full_queue_wait_s(max_queue_size, max_batch_size, drain.value)
+    refill = max_batch_size / (drain.value + drain.observed["shed_rps"])
+    inside = (1 - band) * least <= wait.value <= (1 + band) * most
+    full = refill < 0.5 * batch.value
+    holds = inside and full
+    word = "hold" if holds else "do not hold"
+    return Verdict("the queue bounds at the drain rate hold the median wait", holds, word,
+                   f"The queue bounds at the drain rate {word} the median wait: {max_queue_size} / "
+                   f"{drain.value:.0f} per second = {least * 1e3:.0f} ms at least, ({max_queue_size} + "
+                   f"{max_batch_size}) / {drain.value:.0f} per second = {most * 1e3:.0f} ms at most (each widened "
+                   f"by {band:.0%}); the median accepted request took {wait.value * 1e3:.0f} ms"
+                   f"{'' if inside else ', outside them'}. Arrivals refilled a batch's {max_batch_size} places in "
+                   f"about {refill * 1e3:.0f} ms of a {batch.value * 1e3:.0f} ms batch"
+                   f"{', so the queue stayed full' if full else ': the queue did not stay full'}.")
+
+
+def shedding_costs(capacity: Measurement, drain: Measurement, batch_saturated: Measurement,
+                   batch_overloaded: Measurement) -> Verdict:
+    """Whether refusing requests cost the server answers: while shedding it answered fewer
+    than its capacity and its full batches took longer than the noise band beyond the same
+    batches without shedding. Refused at different MAX_BATCH_SIZEs."""
+    sizes = {r.where.get("max_batch_size") for r in (capacity, drain, batch_saturated, batch_overloaded)}
+    if len(sizes) != 1:
+        raise Incomparable(f"records at different MAX_BATCH_SIZEs: {sorted(map(str, sizes))}")
+    slower = batch_overloaded.value > (1 + definitions.NOISE_BAND) * batch_saturated.value
+    holds = slower and drain.value < capacity.value
+    word = "cost" if holds else "did not clearly cost"
+    lost = 1 - drain.value / capacity.value
+    return Verdict("shedding costs answers", holds, word,
+                   f"Shedding {word} the server answers: it answered {drain.value:.0f}/s while shedding, "
+                   f"{lost:.0%} short of its capacity of {capacity.value:.0f}/s, and its batches took "
+                   f"{batch_overloaded.value * 1e3:.0f} ms against {batch_saturated.value * 1e3:.0f} ms without "
+                   f"shedding (the refusals' work shares the model's core).")
+
+
+def capacity_bound_too_short(wait: Measurement, capacity: Measurement, max_queue_size: int,
+                             max_batch_size: int) -> Verdict:
+    """Whether the queue bound predicted from the capacity (before the overload),
+    ``(Q + B) / capacity``, fell short of the median accepted wait under overload."""
+    if capacity.quantity != "capacity" or wait.quantity != "accepted latency":
+        raise Incomparable("need a capacity and an accepted latency")
+    predicted = definitions.full_queue_wait_s(max_queue_size, max_batch_size, capacity.value)
+    holds = wait.value > predicted
+    word = "was too short" if holds else "was not too short"
+    return Verdict("the bound from the capacity is too short", holds, word,
+                   f"The upper bound predicted from the capacity, ({max_queue_size} + {max_batch_size}) / "
+                   f"{capacity.value:.0f} per second = {predicted * 1e3:.0f} ms, {word}: the median took "
+                   f"{wait.value / predicted:.2f} times as long.")
+
+
+# -- notebook 08: MAX_WAIT on a simulated GPU, and who feeds it ------------------------------------
+
+
+def _load(record: Measurement) -> str:
+    load = record.where.get("offered_rps")
+    return f"{load:g}" if isinstance(load, (int, float)) else "the same load"
+
+
+def _need(record: Measurement, quantity: str) -> None:
+    if record.quantity != quantity:
+        raise Incomparable(f"need {quantity!r}, got {record.describe()}")
+
+
+def no_more_throughput(greedy: Measurement, waiting: Measurement) -> Verdict:
+    """Whether, saturated, a MAX_WAIT served no more than greedy: the waiting setting's capacity
+    at most the noise band above greedy's (``instruments.capacity`` of two copies under the same
+    conditions). It does not hold when the wait served more beyond the band."""
+    _need(greedy, "capacity")
+    comparable(greedy, waiting)
+    holds = waiting.value <= (1 + definitions.NOISE_BAND) * greedy.value
+    word = "bought no throughput" if holds else "bought throughput"
+    return Verdict("saturated, the wait buys no throughput", holds, word,
+                   f"Saturated, the wait {word}: {waiting.model} served {waiting.value:.0f} requests/s against "
+                   f"{greedy.model}'s {greedy.value:.0f}, {waiting.value / greedy.value:.2f}× "
+                   f"({'not ' if holds else ''}beyond the noise band of {definitions.NOISE_BAND:.0%} above it); "
+                   f"greedy's batches already held {greedy.observed.get('mean_batch', '?')} of "
+                   f"{greedy.where.get('max_batch_size', '?')} rows.")
+
+
+def busy_at_light_load(busy: Measurement, load_share: float) -> Verdict:
+    """Whether greedy kept the device busy out of proportion to a light load: its busy fraction
+    more than twice the load's share of capacity (each nearly empty call costs about t(1))."""
+    _need(busy, "busy fraction")
+    holds = busy.value > 2 * load_share
+    word = "kept the device busy" if holds else "left the device idle"
+    return Verdict("greedy keeps the device busy at low load", holds, word,
+                   f"At {_load(busy)} requests/s, {load_share:.0%} of the capacity, "
+                   f"{busy.where.get('policy', '?')} {word}: busy {busy.value:.0%} of the window "
+                   f"(more than twice the load's share is out of proportion).")
+
+
+def cuts_device_time(line: list[Measurement]) -> Verdict:
+    """Whether each longer MAX_WAIT, at one offered load, cut the device time per request beyond
+    the noise band (records ordered by MAX_WAIT, ``instruments.sweep_point``)."""
+    for record in line:
+        _need(record, "device time per request")
+        comparable(line[0], record, ignore=("policy", "max_wait_ms"))
+    waits = [r.where.get("max_wait_ms") for r in line]
+    if waits != sorted(waits) or len(line) < 2:
+        raise Incomparable(f"need two or more points ordered by MAX_WAIT, got waits {waits}")
+    cut = [b.value < a.value and not definitions.agree(a.value, b.value) for a, b in zip(line, line[1:])]
+    holds = all(cut)
+    word = "cut" if holds else "did not cut at every step"
+    ms = ", ".join(f"{r.value * 1e3:.2f}" for r in line)
+    return Verdict("each longer wait cuts the device time per request", holds, word,
+                   f"At {_load(line[0])} requests/s each longer MAX_WAIT "
+                   f"({', '.join(f'{w:g}' for w in waits)} ms) {word} the device time per request beyond the "
+                   f"noise band ({definitions.NOISE_BAND:.0%}): {ms} ms.")
+
+
+def wait_costs_latency(greedy_p50: Measurement, waiting_p50: Measurement, t1_s: float) -> Verdict:
+    """Whether a MAX_WAIT ``W`` cost the median request a large part of the wait and no more
+    than the wait and two batch-1 calls: ``W/4 < Δp50 < W + 2·t(1)`` (the first request of a
+    batch waits all of W, later ones less; a call on the fuller batch may take longer). Refused
+    at different loads."""
+    _need(greedy_p50, "p50")
+    comparable(greedy_p50, waiting_p50, ignore=("policy", "max_wait_ms"))
+    wait_s = float(waiting_p50.where["max_wait_ms"]) / 1e3
+    cost = waiting_p50.value - greedy_p50.value
+    holds = 0.25 * wait_s < cost < wait_s + 2 * t1_s
+    word = "cost the median request" if holds else "did not cost the median request a share of the wait,"
+    return Verdict("the wait costs the median request", holds, word,
+                   f"At {_load(greedy_p50)} requests/s a MAX_WAIT of {wait_s * 1e3:g} ms {word} "
+                   f"{cost * 1e3:+.0f} ms (p50 {greedy_p50.value * 1e3:.0f} -> {waiting_p50.value * 1e3:.0f} ms; "
+                   f"expected between a quarter of the wait and the wait plus two batch-1 calls, "
+                   f"{0.25 * wait_s * 1e3:.0f} to {(wait_s + 2 * t1_s) * 1e3:.0f} ms).")
+
+
+def saves_less_when_busier(greedy_low: Measurement, waiting_low: Measurement,
+                           greedy_high: Measurement, waiting_high: Measurement) -> Verdict:
+    """Whether the same MAX_WAIT saved a smaller share of greedy's device time per request at
+    the higher load, by more than the noise band (as shares: ``definitions.device_time_saved``)."""
+    for g, w in ((greedy_low, waiting_low), (greedy_high, waiting_high)):
+        _need(g, "device time per request")
+        comparable(g, w, ignore=("policy", "max_wait_ms"))
+    if waiting_low.where.get("max_wait_ms") != waiting_high.where.get("max_wait_ms"):
+        raise Incomparable("the two loads ran different waits")
+    low = definitions.device_time_saved(greedy_low.value, waiting_low.value)
+    high = definitions.device_time_saved(greedy_high.value, waiting_high.value)
+    holds = low - high > definitions.NOISE_BAND
+    word = "saved less" if holds else "did not save clearly less"
+    return Verdict("the busier the device, the less a wait buys", holds, word,
+                   f"At {_load(greedy_high)} requests/s the same wait {word} of greedy's device "
+                   f"time per request than at {_load(greedy_low)}: {high:.0%} against {low:.0%} "
+                   f"(clearly: by more than {definitions.NOISE_BAND:.0%}).")
+
+
+def neighbour_gains(beside_greedy: Measurement, beside_waiting: Measurement) -> Verdict:
+    """Whether a model's p50 fell, beyond the noise band, when only its neighbour on the same
+    device turned from greedy to waiting. Within the band the two cannot be told apart."""
+    _need(beside_greedy, "p50")
+    comparable(beside_greedy, beside_waiting)
+    holds = beside_waiting.value < beside_greedy.value and not definitions.agree(
+        beside_waiting.value, beside_greedy.value)
+    word = ("finished sooner" if holds else "could not be told apart" if definitions.agree(
+        beside_waiting.value, beside_greedy.value) else "finished later")
+    return Verdict("a neighbour's wait is this model's gain", holds, word,
+                   f"Beside a waiting neighbour {beside_greedy.model}'s median request {word}: p50 "
+                   f"{beside_greedy.value * 1e3:.0f} ms beside a greedy one, "
+                   f"{beside_waiting.value * 1e3:.0f} ms beside "
+                   f"a waiting one (noise band {definitions.NOISE_BAND:.0%}).")
+
+
+def core_feeds(t_http: Measurement, ceiling: Measurement) -> Verdict:
+    """Whether one core has the CPU to serve the device's ceiling: ``cores_to_feed`` = ceiling
+    (``instruments.offline_ceiling``, rows/s) × ``t_http`` (``instruments.t_http``) under 1
+    beyond the noise band. Over 1 beyond it: it cannot; within the band of 1: cannot tell."""
+    _need(t_http, "t_http")
+    _need(ceiling, "offline ceiling")
+    cores = definitions.cores_to_feed(ceiling.value, t_http.value)
+    if definitions.agree(cores, 1.0):
+        word = "may or may not have"
+    else:
+        word = "has" if cores < 1 else "lacks"
+    return Verdict("one core has the CPU to feed the device", word == "has", word,
+                   f"One core {word} the CPU to serve {ceiling.model}'s ceiling of {ceiling.value:.0f} requests/s "
+                   f"at {t_http.value * 1e6:.0f} µs of CPU per request ({t_http.model}): cores_to_feed = "
+                   f"{cores:.2f} (noise band {definitions.NOISE_BAND:.0%} around 1).")
+
+
+def beats_serial(served: Measurement, t_http: Measurement, call_s: float, batch_size: int) -> Verdict:
+    """Whether the server served more than a runner that starts a call only after the loop has
+    taken the last one's answers would: above ``serial_limit_rps(t_http, t(b), b)`` beyond the
+    noise band (the loop's work overlapped the device's call)."""
+    _need(t_http, "t_http")
+    if served.quantity not in ("served", "capacity"):
+        raise Incomparable(f"need a served rate or a capacity, got {served.quantity!r}")
+    limit = definitions.serial_limit_rps(t_http.value, call_s, batch_size)
+    holds = served.value > limit and not definitions.agree(served.value, limit)
+    word = "overlapped" if holds else "did not clearly overlap"
+    return Verdict("the loop's work overlaps the device's call", holds, word,
+                   f"{served.model}: the loop's work {word} the device's call: served {served.value:.0f} requests/s, "
+                   f"{served.value / limit:.2f}× the serial estimate 1 / (t_http + t({batch_size})/{batch_size}) "
+                   f"= {limit:.0f}/s (noise band {definitions.NOISE_BAND:.0%}).")
+
+
+def compared(a: Measurement, b: Measurement, a_is: str, b_is: str) -> Verdict:
+    """Two records of one quantity, ``a`` against ``b``: more, fewer, or within the noise band
+    (then it holds: the two cannot be told apart). Conditions may differ (the comparison is
+    about them); the sentence names each side by ``a_is`` and ``b_is``."""
+    if a.quantity != b.quantity:
+        raise Incomparable(f"{a.quantity} against {b.quantity}")
+    same = definitions.agree(a.value, b.value)
+    word = "within the noise band of" if same else "more than" if a.value > b.value else "less than"
+    return Verdict("the two cannot be told apart", same, word,
+                   f"{a.quantity} {a_is}: {_value(a)}, {word} {b_is}: {_value(b)} "
+                   f"({a.value / b.value:.2f}×; noise band {definitions.NOISE_BAND:.0%}).")
+
+
+def _value(record: Measurement) -> str:
+    if record.unit == "s":
+        return f"{record.value * 1e6:.0f} µs" if record.value < 1e-3 else f"{record.value * 1e3:.1f} ms"
+    return f"{record.value:.0f} {record.unit}"

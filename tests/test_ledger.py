@@ -1,0 +1,70 @@
+"""The run's ledger: a quantity measured again under the same conditions must agree within the
+noise band, or recording it fails; under other conditions the note says which differ."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from conftest import ROOT
+
+if str(ROOT) not in sys.path:  # loadtests/ is a folder of the repository, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from loadtests import ledger  # noqa: E402
+from loadtests.instruments import measurement  # noqa: E402
+
+
+def t_http(value_us: float, max_batch_size: int = 16, body_bytes: int = 49280):
+    value = value_us * 1e-6
+    return measurement("t_http", "noop", value, "s", (0.9 * value, 1.1 * value), 3,
+                       {"max_batch_size": max_batch_size, "body_bytes": body_bytes, "clock": "server CPU"},
+                       {"mean_batch": 12.5})
+
+
+@pytest.fixture
+def run(tmp_path) -> ledger.Ledger:
+    return ledger.Ledger(tmp_path / "run.jsonl")
+
+
+def test_a_record_comes_back_as_written(run):
+    record = t_http(131)
+    assert run.record(record, "04") == []
+    (entry,) = run.entries()
+    assert (entry.notebook, entry.measurement) == ("04", record)
+
+
+def test_agreement_within_the_band_is_noted(run):
+    run.record(t_http(131), "04")
+    (note,) = run.record(t_http(120), "07")
+    assert "agrees with 04" in note
+    assert len(run.entries()) == 2
+
+
+def test_a_contradiction_under_the_same_conditions_fails(run):
+    """04's 91 µs and 07's 131 µs, both 'through t_http_s', had they been the same conditions."""
+    run.record(t_http(91), "04")
+    with pytest.raises(ledger.Contradiction, match="07 contradicts 04"):
+        run.record(t_http(131), "07")
+    assert len(run.entries()) == 1       # the contradicting record is not written
+
+
+def test_other_conditions_are_named(run):
+    run.record(t_http(91, max_batch_size=16), "04")
+    (note,) = run.record(t_http(254, max_batch_size=1), "04")
+    assert "other conditions" in note and "max_batch_size: 16 there, 1 here" in note
+
+
+def test_other_models_and_quantities_do_not_meet(run):
+    run.record(t_http(91), "04")
+    other = measurement("t_http", "cnn", 300e-6, "s", (3e-4, 3e-4), 1, {"max_batch_size": 16})
+    assert run.record(other, "04") == []
+
+
+def test_the_file_comes_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(ledger.LEDGER_ENV, str(tmp_path / "env.jsonl"))
+    run = ledger.Ledger()
+    run.record(t_http(100), "01")
+    assert (tmp_path / "env.jsonl").exists()
+    run.clear()
+    assert run.entries() == []

@@ -1,0 +1,727 @@
+"""The lesson's verdicts: each holds on records where it must and fails where it must not, the
+printed sentence takes its verb from the result, and what cannot be compared is refused.
+Among the records: the counterexamples a skeptical reading of the notebooks found."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from conftest import ROOT
+
+if str(ROOT) not in sys.path:  # loadtests/ is a folder of the repository, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from loadtests import verdicts  # noqa: E402
+from loadtests.instruments import measurement  # noqa: E402
+from loadtests.verdicts import Incomparable  # noqa: E402
+
+
+def gain(quantity: str, value: float, model: str = "resnet18", b: int = 16):
+    return measurement(quantity, model, value, "x", (value, value), 1, {"max_batch_size": b})
+
+
+def seconds(quantity: str, value: float, model: str = "cnn", clock: str = "cpu", **where):
+    return measurement(quantity, model, value, "s", (value, value), 3, {"clock": clock, **where})
+
+
+def per_cpu_second(value: float, model: str = "cnn"):
+    return measurement("served per CPU second", model, value, "requests/s", (value, value), 3,
+                       {"clock": "server CPU"})
+
+
+# -- batching pays ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("x, word, holds", [(1.05, "barely pays", False), (1.6, "pays a little", True),
+                                            (3.63, "pays", True)])
+def test_pays_by_the_scale(x, word, holds):
+    verdict = verdicts.pays(gain("speedup", x))
+    assert (verdict.word, verdict.holds, bool(verdict)) == (word, holds, holds)
+    assert f"batching {word} " in verdict.sentence
+
+
+def test_pays_names_which_gain_it_judges():
+    """01 printed 'barely pays' for the small CNN's speedup while 04 printed a served gain of
+    2.47x for the same model with no word on which gain is which."""
+    model = verdicts.pays(gain("speedup", 1.14, "small CNN"))
+    served = verdicts.pays(gain("served gain", 2.47, "small CNN"))
+    assert model.word == "barely pays" and served.word == "pays"
+    assert "per-row speedup" in model.sentence and "served gain" in served.sentence
+    with pytest.raises(Incomparable):
+        verdicts.pays(gain("capacity", 400.0))
+
+
+def test_pays_near_a_threshold_says_a_rerun_may_differ():
+    assert "neighbouring case" in verdicts.pays(gain("speedup", 1.14)).sentence
+    assert "neighbouring case" not in verdicts.pays(gain("speedup", 3.63)).sentence
+
+
+# -- the served gain follows the prediction -------------------------------------------------------
+
+
+def test_follows_only_within_the_noise_band():
+    """04 printed 'the served gain follows the limits' ratio' beside '+27 %, outside the
+    noise band'."""
+    outside = verdicts.follows(gain("served gain", 2.47, "cnn"), 1.94)
+    assert not outside.holds and outside.word == "does not follow"
+    assert "does not follow" in outside.sentence and "+27%" in outside.sentence
+    inside = verdicts.follows(gain("served gain", 2.0, "cnn"), 1.94)
+    assert inside.holds and " follows " in inside.sentence
+
+
+# -- the two-part account ---------------------------------------------------------------------------
+
+
+def test_account_explains_when_t_http_is_needed_and_right():
+    # t_http 200 µs, 300 µs a row at b = 16: limit 2000 per CPU second; served 2000
+    verdict = verdicts.account_explains(per_cpu_second(2000), seconds("t_http", 200e-6, clock="server CPU"),
+                                        seconds("t(16)", 16 * 300e-6), 16)
+    assert verdict.holds and verdict.word == "explains"
+
+
+def test_an_account_that_ignores_t_http_fails():
+    """The counterexample: 04's and 07's efficiency bands (0.70-1.43) passed with t_http set to
+    zero. The same served rate, with t_http left out of the account, must not be 'explained'."""
+    served, call = per_cpu_second(2000), seconds("t(16)", 16 * 300e-6)
+    with pytest.raises(Incomparable):
+        verdicts.account_explains(served, seconds("t_http", 0.0, clock="server CPU"), call, 16)
+    # an account that ignores t_http is one whose t_http is far too small: it does not explain
+    tiny = verdicts.account_explains(served, seconds("t_http", 1e-6, clock="server CPU"), call, 16)
+    assert not tiny.holds and tiny.word == "does not explain"
+
+
+def test_an_account_blind_to_t_http_says_it_cannot_tell():
+    """07: t_http was 5 % of a request's core time, so efficiency passed with or without it."""
+    served = per_cpu_second(1 / (130e-6 + 2.3e-3))
+    verdict = verdicts.account_explains(served, seconds("t_http", 130e-6, clock="server CPU"),
+                                        seconds("t(16)", 16 * 2.3e-3, "resnet18"), 16)
+    assert not verdict.holds and verdict.word.startswith("cannot tell")
+
+
+def test_an_account_beaten_by_a_third_does_not_explain():
+    """04: 'a little' over a limit beaten by 34 % (efficiency 1.34)."""
+    verdict = verdicts.account_explains(per_cpu_second(3289), seconds("t_http", 91e-6, clock="server CPU"),
+                                        seconds("t(16)", 16 * 315e-6), 16)
+    assert not verdict.holds and "served more than it allows" in verdict.sentence
+
+
+def test_the_account_is_per_cpu_second():
+    with pytest.raises(Incomparable, match="CPU clock"):
+        verdicts.account_explains(per_cpu_second(2000), seconds("t_http", 200e-6, clock="server CPU"),
+                                  seconds("t(16)", 16 * 300e-6, clock="wall"), 16)
+    with pytest.raises(Incomparable, match=r"t\(16\)"):
+        verdicts.account_explains(per_cpu_second(2000), seconds("t_http", 200e-6, clock="server CPU"),
+                                  seconds("t(8)", 8 * 300e-6), 16)
+
+
+# -- batches fill by themselves --------------------------------------------------------------------
+
+
+def capacity(mean_batch: float, b: int = 16):
+    return measurement("capacity", "resnet18", 400.0, "requests/s", (390, 410), 3, {"max_batch_size": b},
+                       {"mean_batch": mean_batch})
+
+
+def test_fills_by_itself():
+    assert verdicts.fills_by_itself(capacity(16.0)).word == "filled by themselves"
+    short = verdicts.fills_by_itself(capacity(8.3))
+    assert not short.holds and "did not fill" in short.sentence
+    with pytest.raises(Incomparable):
+        verdicts.fills_by_itself(measurement("capacity", "x", 1.0, "requests/s", (1, 1), 1))
+
+
+# -- indistinguishable, and the wait saved -----------------------------------------------------------
+
+
+def p99(model: str, low_ms: float, high_ms: float, load: float, policy: str = "greedy", wait_ms: float = 0):
+    return measurement("p99", model, (low_ms + high_ms) / 2e3, "s", (low_ms / 1e3, high_ms / 1e3), 2,
+                       {"offered_rps": load, "policy": policy, "max_wait_ms": wait_ms, "max_batch_size": 16})
+
+
+def test_indistinguishable_by_overlapping_ranges():
+    same = verdicts.indistinguishable(p99("greedy 16", 44, 52, 88), p99("timer 16", 46, 50, 88, "timer", 20))
+    assert same.holds and "indistinguishable" in same.sentence
+    apart = verdicts.indistinguishable(p99("greedy 16", 30, 33, 88), p99("timer 16", 46, 50, 88, "timer", 20))
+    assert not apart.holds and "told apart" in apart.sentence
+
+
+def test_two_policies_at_different_loads_are_refused():
+    """03's 'what it does not buy' compared greedy at 500 requests/s with timer at 20."""
+    with pytest.raises(Incomparable, match="offered_rps"):
+        verdicts.indistinguishable(p99("greedy", 30, 33, 500), p99("timer", 46, 50, 20, "timer", 20))
+    greedy = seconds("device time per request", 12.9e-3, "resnet18", "wall", offered_rps=500, policy="greedy")
+    timer = seconds("device time per request", 8.1e-3, "resnet18", "wall", offered_rps=20, policy="timer")
+    with pytest.raises(Incomparable, match="offered_rps"):
+        verdicts.wait_saved(greedy, timer)
+
+
+def test_the_wait_saved_at_one_load():
+    greedy = seconds("device time per request", 12.9e-3, "resnet18", "wall", offered_rps=34, policy="greedy")
+    timer = seconds("device time per request", 8.1e-3, "resnet18", "wall", offered_rps=34, policy="timer",
+                    max_wait_ms=20)
+    verdict = verdicts.wait_saved(greedy, timer)
+    assert verdict.holds and verdict.word == "saved"
+    little = seconds("device time per request", 12.0e-3, "resnet18", "wall", offered_rps=34, policy="timer")
+    assert not verdicts.wait_saved(greedy, little).holds
+
+
+# -- batch 1 and the line: reported, not asserted ---------------------------------------------------
+
+
+def test_on_the_line_reports_either_way():
+    fixed, per_row = seconds("F", 6.41e-3, "resnet18"), seconds("c", 1.826e-3, "resnet18")
+    off = verdicts.on_the_line(seconds("t(1)", 13.19e-3, "resnet18"), fixed, per_row)
+    on = verdicts.on_the_line(seconds("t(1)", 8.5e-3, "resnet18"), fixed, per_row)
+    assert (off.word, on.word) == ("off the line", "on the line")
+    with pytest.raises(Incomparable):   # the line's own t(1) is not the measured one
+        verdicts.on_the_line(seconds("F + c", 8.2e-3, "resnet18"), fixed, per_row)
+
+
+# -- the server passes the model's gain on ----------------------------------------------------------
+
+
+def over_t1(value: float, model: str = "resnet18", b: int = 16):
+    return measurement("speedup over t(1)", model, value, "x", (value, value), 7, {"max_batch_size": b})
+
+
+def test_passes_on_within_the_band_and_above_it():
+    within = verdicts.passes_on(gain("served gain", 5.74), over_t1(5.81))
+    assert within.holds and within.word == "passed on" and "within the noise band" in within.sentence
+    above = verdicts.passes_on(gain("served gain", 7.5), over_t1(5.81))
+    assert above.holds and above.word == "passed on and added to" and "per-call work" in above.sentence
+
+
+def test_a_server_that_ate_the_gain_does_not_pass_it_on():
+    """The counterexample: a served gain a third below the model's over t(1) must not read as
+    'the server passed it on', however large the gain itself (it still pays)."""
+    ate = verdicts.passes_on(gain("served gain", 3.9), over_t1(5.81))
+    assert not ate.holds and ate.word == "ate part of" and "-33%" in ate.sentence
+    assert verdicts.pays(gain("served gain", 3.9)).holds
+
+
+def test_the_served_gain_is_not_compared_with_the_per_row_speedup():
+    """The per-row speedup counts from t₁, which no server pays: 5.74× served against 3.63×
+    per row would read as the server adding a gain it did not add."""
+    with pytest.raises(Incomparable, match="measured t"):
+        verdicts.passes_on(gain("served gain", 5.74), gain("speedup", 3.63))
+    with pytest.raises(Incomparable, match="MAX_BATCH_SIZE"):
+        verdicts.passes_on(gain("served gain", 5.74), over_t1(5.81, b=8))
+    with pytest.raises(Incomparable, match="small CNN"):
+        verdicts.passes_on(gain("served gain", 5.74), over_t1(5.81, "small CNN"))
+
+
+# -- the larger fixed share gains more --------------------------------------------------------------
+
+
+def share_and_speedup(model: str, share: float, speedup: float, b: int = 16):
+    where = {"clock": "wall", "threads": 1}
+    return (measurement("fixed share", model, share, "share", (share, share), 7, where),
+            measurement("speedup", model, speedup, "x", (speedup, speedup), 7, {**where, "max_batch_size": b}))
+
+
+def test_the_larger_share_gains_more():
+    verdict = verdicts.larger_share_gains_more(*share_and_speedup("resnet18", 0.78, 3.63),
+                                               *share_and_speedup("small CNN", 0.22, 1.14))
+    assert verdict.holds and verdict.word == "gained more" and "78% against 22%" in verdict.sentence
+    # a small model whose fitted F came out negative has a share below 0: still the smaller one
+    assert verdicts.larger_share_gains_more(*share_and_speedup("resnet18", 0.78, 3.63),
+                                            *share_and_speedup("small CNN", -0.05, 0.98)).holds
+
+
+def test_a_larger_share_without_a_larger_speedup_does_not_hold():
+    """Counterexamples: the larger share with the smaller speedup, or a speedup within the noise
+    band of the other's; and a 'larger' share within the band of the other's."""
+    smaller = verdicts.larger_share_gains_more(*share_and_speedup("resnet18", 0.78, 1.1),
+                                               *share_and_speedup("small CNN", 0.22, 1.14))
+    assert not smaller.holds and smaller.word == "did not gain more"
+    close = verdicts.larger_share_gains_more(*share_and_speedup("resnet18", 0.78, 1.25),
+                                             *share_and_speedup("small CNN", 0.22, 1.14))
+    assert not close.holds
+    shares_close = verdicts.larger_share_gains_more(*share_and_speedup("a", 0.80, 3.6),
+                                                    *share_and_speedup("b", 0.75, 1.1))
+    assert not shares_close.holds and shares_close.word == "has no larger fixed share"
+    reversed_order = verdicts.larger_share_gains_more(*share_and_speedup("small CNN", 0.22, 1.14),
+                                                      *share_and_speedup("resnet18", 0.78, 3.63))
+    assert not reversed_order.holds
+
+
+def test_shares_and_speedups_must_pair_up_and_compare():
+    resnet, cnn = share_and_speedup("resnet18", 0.78, 3.63), share_and_speedup("small CNN", 0.22, 1.14)
+    with pytest.raises(Incomparable, match="max_batch_size"):
+        verdicts.larger_share_gains_more(*resnet, *share_and_speedup("small CNN", 0.22, 1.14, b=8))
+    with pytest.raises(Incomparable):
+        verdicts.larger_share_gains_more(resnet[0], cnn[1], cnn[0], resnet[1])
+    with pytest.raises(Incomparable):
+        verdicts.larger_share_gains_more(resnet[0], gain("served gain", 5.7), *cnn)
+
+# -- text models: a call's padded tokens, and a pick for a p99 budget -----------------------------
+
+
+def call(ms: float, rows: int, length: int, clock: str = "cpu", model: str = "minilm"):
+    return measurement("t(b, L)", model, ms / 1e3, "s", (ms / 1e3, ms / 1e3), 3,
+                       {"clock": clock, "threads": 1, "rows": rows, "length": length})
+
+
+def test_a_call_that_costs_by_padded_tokens():
+    verdict = verdicts.grows_with_padded_tokens(call(40, 4, 256), call(38, 16, 64), call(150, 16, 256))
+    assert verdict.holds and verdict.word == "grows with padded tokens, not with rows"
+
+
+def test_a_cost_by_rows_is_not_a_cost_by_tokens():
+    """The counterexample: 4 rows of 256 and 16 rows of 64 cost as their rows, not their tokens."""
+    verdict = verdicts.grows_with_padded_tokens(call(10, 4, 256), call(40, 16, 64), call(42, 16, 256))
+    assert not verdict.holds and verdict.word == "grows with rows, not only with padded tokens"
+
+
+def test_a_device_not_yet_full_does_not_grow_with_tokens():
+    flat = verdicts.grows_with_padded_tokens(call(3, 4, 256, "wall"), call(3, 16, 64, "wall"),
+                                             call(3.1, 16, 256, "wall"))
+    assert not flat.holds and flat.word == "does not grow with padded tokens here"
+
+
+def test_padded_token_records_must_match():
+    with pytest.raises(Incomparable):   # not the same padded tokens
+        verdicts.grows_with_padded_tokens(call(40, 4, 128), call(38, 16, 64), call(150, 16, 256))
+    with pytest.raises(Incomparable):   # one clock against another
+        verdicts.grows_with_padded_tokens(call(40, 4, 256, "wall"), call(38, 16, 64), call(150, 16, 256))
+    with pytest.raises(Incomparable):   # longer at other rows
+        verdicts.grows_with_padded_tokens(call(40, 4, 256), call(38, 16, 64), call(150, 4, 1024))
+
+
+def text_point(setting: str, clients: int, rate: float, p99_ms: float, spread: float = 0.05):
+    where = {"batching": setting, "clients": clients}
+    return (measurement("text throughput", "minilm", rate, "texts/s",
+                        (rate * (1 - spread), rate * (1 + spread)), 2, where),
+            measurement("p99", "minilm", p99_ms / 1e3, "s", (p99_ms / 1e3, p99_ms / 1e3), 2, where))
+
+
+def test_the_pick_serves_the_most_within_the_budget():
+    points = [text_point("none", 4, 60, 90), text_point("none", 16, 62, 400),
+              text_point("rows", 4, 70, 70), text_point("rows", 16, 110, 300),
+              text_point("tokens", 4, 85, 60), text_point("tokens", 16, 150, 180)]
+    verdict = verdicts.pick_for_p99_budget(points, 0.2)
+    assert verdict.holds and verdict.word == "pick" and "pick tokens" in verdict.sentence
+    # the best throughput over budget does not count: at 0.1 s rows' 16 clients are out
+    tight = verdicts.pick_for_p99_budget(points, 0.1)
+    assert tight.holds and "pick tokens" in tight.sentence and "85.0 texts/s" in tight.sentence
+
+
+def test_overlapping_throughputs_cannot_be_told_apart():
+    verdict = verdicts.pick_for_p99_budget([text_point("rows", 16, 140, 150, 0.1), text_point("tokens", 16, 150, 140, 0.1)], 0.2)
+    assert not verdict.holds and verdict.word == "cannot choose between"
+
+
+def test_no_setting_meets_the_budget():
+    verdict = verdicts.pick_for_p99_budget([text_point("rows", 16, 140, 300), text_point("tokens", 16, 150, 250)], 0.2)
+    assert not verdict.holds and verdict.word == "no setting meets"
+    with pytest.raises(Incomparable):   # a pair from two runs
+        verdicts.pick_for_p99_budget([(text_point("rows", 4, 80, 70)[0], text_point("rows", 16, 80, 70)[1])], 0.2)
+
+
+def efficiency(setting: str, low: float, high: float, clients: int = 16):
+    return measurement("padding efficiency", "minilm", (low + high) / 2, "ratio", (low, high), 2,
+                       {"batching": setting, "clients": clients})
+
+
+def test_a_token_budget_pads_less_only_beyond_the_repeats():
+    assert verdicts.pads_less(efficiency("tokens", 0.6, 0.7), efficiency("rows", 0.3, 0.4)).word == "padded less than"
+    overlap = verdicts.pads_less(efficiency("tokens", 0.45, 0.6), efficiency("rows", 0.4, 0.5))
+    assert not overlap.holds and overlap.word == "cannot be told apart in padding from"
+    worse = verdicts.pads_less(efficiency("tokens", 0.2, 0.3), efficiency("rows", 0.4, 0.5))
+    assert not worse.holds and worse.word == "padded more than"
+    with pytest.raises(Incomparable, match="clients"):   # two loads
+        verdicts.pads_less(efficiency("tokens", 0.6, 0.7, 16), efficiency("rows", 0.3, 0.4, 4))
+
+
+# -- no verdict prints whatever the numbers are -------------------------------------------------------
+
+
+CASES = {
+    "pays": (lambda: verdicts.pays(gain("speedup", 3.0)), lambda: verdicts.pays(gain("speedup", 1.05))),
+    "follows": (lambda: verdicts.follows(gain("served gain", 2.0), 1.94),
+                lambda: verdicts.follows(gain("served gain", 2.47), 1.94)),
+    "explains": (lambda: verdicts.account_explains(per_cpu_second(2000), seconds("t_http", 200e-6, clock="s"),
+                                                   seconds("t(16)", 16 * 300e-6), 16),
+                 lambda: verdicts.account_explains(per_cpu_second(3289), seconds("t_http", 91e-6, clock="s"),
+                                                   seconds("t(16)", 16 * 315e-6), 16)),
+    "fills": (lambda: verdicts.fills_by_itself(capacity(16.0)), lambda: verdicts.fills_by_itself(capacity(8.0))),
+    "passes on": (lambda: verdicts.passes_on(gain("served gain", 5.74), over_t1(5.81)),
+                  lambda: verdicts.passes_on(gain("served gain", 3.9), over_t1(5.81))),
+    "larger share": (lambda: verdicts.larger_share_gains_more(*share_and_speedup("r", 0.78, 3.63),
+                                                              *share_and_speedup("c", 0.22, 1.14)),
+                     lambda: verdicts.larger_share_gains_more(*share_and_speedup("r", 0.78, 1.1),
+                                                              *share_and_speedup("c", 0.22, 1.14))),
+    "indistinguishable": (lambda: verdicts.indistinguishable(p99("a", 44, 52, 88), p99("b", 46, 50, 88)),
+                          lambda: verdicts.indistinguishable(p99("a", 30, 33, 88), p99("b", 46, 50, 88))),
+    "saved": (lambda: verdicts.wait_saved(
+        seconds("device time per request", 12.9e-3, "m", "wall", offered_rps=34),
+        seconds("device time per request", 8.1e-3, "m", "wall", offered_rps=34)),
+        lambda: verdicts.wait_saved(
+        seconds("device time per request", 12.9e-3, "m", "wall", offered_rps=34),
+        seconds("device time per request", 12.5e-3, "m", "wall", offered_rps=34))),
+    "padded tokens": (lambda: verdicts.grows_with_padded_tokens(call(40, 4, 256), call(38, 16, 64), call(150, 16, 256)),
+                      lambda: verdicts.grows_with_padded_tokens(call(10, 4, 256), call(40, 16, 64), call(42, 16, 256))),
+    "pads less": (lambda: verdicts.pads_less(efficiency("tokens", 0.6, 0.7), efficiency("rows", 0.3, 0.4)),
+                  lambda: verdicts.pads_less(efficiency("tokens", 0.45, 0.6), efficiency("rows", 0.4, 0.5))),
+    "p99 budget": (lambda: verdicts.pick_for_p99_budget([text_point("rows", 16, 100, 150), text_point("tokens", 16, 150, 140)], 0.2),
+                   lambda: verdicts.pick_for_p99_budget([text_point("rows", 16, 140, 150, 0.1),
+                                                         text_point("tokens", 16, 150, 140, 0.1)], 0.2)),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_verb_comes_from_the_result(name):
+    holding, failing = (make() for make in CASES[name])
+    assert holding.holds and not failing.holds
+    assert holding.word != failing.word
+    assert holding.word in holding.sentence and failing.word in failing.sentence
+    assert holding.claim == failing.claim
+
+
+# -- a batching runner alone (notebooks 02 and 03) ---------------------------------------------------
+
+
+def timer(low: float, high: float, cancelled_fired: bool = False, armed: float = 0.2):
+    return measurement("timer delay", "loop", (low + high) / 2, "s", (low, high), 5,
+                       {"armed_s": armed}, {"cancelled_fired": cancelled_fired})
+
+
+def wait(value: float, client: int = 0):
+    return measurement("queue wait", "book", value, "s", (value, value), 1, {"client": client})
+
+
+def test_a_timer_on_time_and_one_that_is_not():
+    assert verdicts.timer_on_time(timer(0.200, 0.203)).holds
+    assert not verdicts.timer_on_time(timer(0.150, 0.203))            # one fired early
+    assert not verdicts.timer_on_time(timer(0.200, 0.300))            # one fired late
+    late = verdicts.timer_on_time(timer(0.200, 0.201, cancelled_fired=True))
+    assert not late.holds and "set it anyway" in late.sentence
+    with pytest.raises(Incomparable):
+        verdicts.timer_on_time(wait(0.2))
+
+
+def test_own_rows_holds_only_when_every_client_got_its_own():
+    assert verdicts.own_rows(measurement("own rows", "book", 1.0, "share", (1, 1), 9)).holds
+    wrong = verdicts.own_rows(measurement("own rows", "book", 8 / 9, "share", (8 / 9, 8 / 9), 9))
+    assert not wrong.holds and "89%" in wrong.sentence
+
+
+def test_the_whole_max_wait_and_no_more():
+    assert verdicts.waited_max_wait(wait(1.003), 1.0).holds
+    assert verdicts.waited_max_wait(wait(0.995), 1.0).holds           # a timer a tick early
+    assert not verdicts.waited_max_wait(wait(0.5), 1.0)               # ran before its wait was over
+    assert not verdicts.waited_max_wait(wait(1.4), 1.0)               # waited past it
+    assert "not the MAX_WAIT" in verdicts.waited_max_wait(wait(0.5), 1.0).sentence
+
+
+def test_launched_at_once_and_not():
+    assert verdicts.launched_at_once(wait(0.002, client=2)).holds
+    late = verdicts.launched_at_once(wait(0.3, client=2))
+    assert not late.holds and "not at once" in late.sentence and "Client 2" in late.sentence
+
+
+def refusal(value: float, refused=(8, 9), while_busy=True):
+    return measurement("time to refuse", "book", value, "s", (value / 2, value), len(refused), {},
+                       {"refused": tuple(refused), "while_busy": while_busy})
+
+
+def test_a_full_queue_refuses_at_once():
+    assert verdicts.refused_at_once(refusal(0.001), [8, 9]).holds
+    assert not verdicts.refused_at_once(refusal(0.3), [8, 9])                   # heard it late
+    assert not verdicts.refused_at_once(refusal(0.001, refused=(7, 8, 9)), [8, 9])
+    idle = verdicts.refused_at_once(refusal(0.001, while_busy=False), [8, 9])
+    assert not idle.holds and "not all" in idle.sentence
+
+
+def batches(grouping):
+    sizes = [len(g) for g in grouping]
+    return measurement("batch size", "book", sum(sizes) / len(sizes), "rows", (min(sizes), max(sizes)),
+                       len(sizes), {}, {"grouping": tuple(map(tuple, grouping))})
+
+
+def test_the_calls_grouped_as_predicted_or_not():
+    expected = [[0], [1, 2], [3, 4]]
+    assert verdicts.grouped_as(batches(expected), expected, 2).holds
+    assert not verdicts.grouped_as(batches([[0, 1], [2], [3, 4]]), expected, 2)
+    assert not verdicts.grouped_as(batches(expected), expected, 1)       # a call over the cap
+    # a ledger round trip gives lists, not tuples: still the same grouping
+    listed = measurement("batch size", "book", 5 / 3, "rows", (1, 2), 3, {}, {"grouping": [[0], [1, 2], [3, 4]]})
+    assert verdicts.grouped_as(listed, expected, 2).holds
+
+
+def p50(value: float, policy: str, rate: float = 20):
+    return measurement("p50", policy, value, "s", (value, value), 1, {"policy": policy, "offered_rps": rate})
+
+
+def test_waiting_costs_about_max_wait_or_not():
+    assert verdicts.wait_costs(p50(0.063, "timer"), p50(0.012, "greedy"), 0.05, 0.026).holds
+    assert not verdicts.wait_costs(p50(0.020, "timer"), p50(0.012, "greedy"), 0.05, 0.026)   # barely waited
+    assert not verdicts.wait_costs(p50(0.200, "timer"), p50(0.012, "greedy"), 0.05, 0.026)   # far past it
+    with pytest.raises(Incomparable):
+        verdicts.wait_costs(p50(0.063, "timer", 20), p50(0.012, "greedy", 500), 0.05, 0.026)
+
+
+def test_kept_up_or_fell_behind():
+    assert verdicts.kept_up(p50(0.076, "timer"), 0.304).holds
+    behind = verdicts.kept_up(p50(0.9, "timer"), 0.304)
+    assert not behind.holds and "fell behind" in behind.sentence
+
+# -- notebook 04: t_http at two batch sizes, and greedy's max_wait over HTTP --------------------------
+
+
+def t_http(value: float, b: int, mean_batch: float | None = None, **where):
+    return measurement("t_http", "noop", value, "s", (value, value), 3,
+                       {"clock": "server CPU", "max_batch_size": b, "connections": 32, **where},
+                       {"mean_batch": mean_batch if mean_batch is not None else float(b)})
+
+
+def test_batching_shares_the_servers_work():
+    shared = verdicts.shares_server_work(t_http(91e-6, 16, 12.5), t_http(254e-6, 1))
+    assert shared.holds and "MAX_BATCH_SIZE 16" in shared.sentence and "MAX_BATCH_SIZE 1 " in shared.sentence
+    assert not verdicts.shares_server_work(t_http(91e-6, 16), t_http(100e-6, 1)).holds   # within the band
+    with pytest.raises(Incomparable):   # another body: not the same quantity at two sizes
+        verdicts.shares_server_work(t_http(91e-6, 16), t_http(254e-6, 1, body_bytes=99))
+    with pytest.raises(Incomparable):   # two records at one size
+        verdicts.shares_server_work(t_http(91e-6, 16), t_http(254e-6, 16))
+
+
+def test_the_servers_share_against_the_models():
+    call = seconds("t(16)", 5.04e-3)
+    small = verdicts.server_share(t_http(91e-6, 16), call, 16)
+    assert (small.word, small.holds) == ("smaller", False)
+    assert verdicts.server_share(t_http(400e-6, 16), call, 16).word == "larger"
+    with pytest.raises(Incomparable):   # t_http at batch 1 against a batched call
+        verdicts.server_share(t_http(254e-6, 1), call, 16)
+    with pytest.raises(Incomparable):   # the call on the wall clock
+        verdicts.server_share(t_http(91e-6, 16), seconds("t(16)", 5.04e-3, clock="wall"), 16)
+
+
+def burst_record(quantity: str, value: float, max_wait_ms: float, unit: str = "s", body_bytes: int = 196736):
+    return measurement(quantity, "images", value, unit, (value, value), 20,
+                       {"max_batch_size": 16, "max_wait_ms": max_wait_ms, "burst_size": 12,
+                        "body_bytes": body_bytes, "clock": "wall"})
+
+
+def test_the_wait_fills_or_leaves_the_batches():
+    fuller = verdicts.wait_fills_batches(burst_record("mean batch", 6.0, 0, "rows"),
+                                         burst_record("mean batch", 12.0, 20, "rows"))
+    assert fuller.holds and fuller.word == "fuller"
+    same = (burst_record("mean batch", 6.0, 0, "rows"), burst_record("mean batch", 6.3, 20, "rows"))
+    assert not verdicts.wait_fills_batches(*same).holds and verdicts.wait_leaves_batches(*same).holds
+    assert not verdicts.wait_leaves_batches(burst_record("mean batch", 6.0, 0, "rows"),
+                                            burst_record("mean batch", 12.0, 20, "rows")).holds
+    with pytest.raises(Incomparable):   # the longer wait given first
+        verdicts.wait_fills_batches(burst_record("mean batch", 12.0, 20, "rows"), burst_record("mean batch", 6.0, 0, "rows"))
+    with pytest.raises(Incomparable):   # other bodies
+        verdicts.wait_fills_batches(burst_record("mean batch", 6.0, 0, "rows"),
+                                    burst_record("mean batch", 12.0, 20, "rows", body_bytes=49280))
+
+
+def test_max_wait_is_a_bound_not_a_delay():
+    assert verdicts.wait_is_a_bound(burst_record("queue wait", 0.6e-3, 20)).holds
+    delayed = verdicts.wait_is_a_bound(burst_record("queue wait", 14e-3, 20))
+    assert not delayed.holds and delayed.word == "as long as a delay"
+    with pytest.raises(Incomparable):
+        verdicts.wait_is_a_bound(burst_record("queue wait", 0.6e-3, 0))
+
+
+def test_the_wait_delays_an_answer():
+    later = verdicts.wait_delays(burst_record("first answer", 15.7e-3, 0), burst_record("first answer", 27.3e-3, 20))
+    assert later.holds and later.word == "later"
+    sooner = verdicts.wait_delays(burst_record("last answer", 39.4e-3, 0), burst_record("last answer", 29.1e-3, 20))
+    assert not sooner.holds and sooner.word == "sooner"
+    assert verdicts.wait_delays(burst_record("last answer", 39e-3, 0),
+                                burst_record("last answer", 40e-3, 20)).word == "neither sooner nor later"
+    with pytest.raises(Incomparable):   # the first answer of one against the last of the other
+        verdicts.wait_delays(burst_record("first answer", 15.7e-3, 0), burst_record("last answer", 29.1e-3, 20))
+
+
+def test_the_wait_saved_in_bursts_names_the_load():
+    load = "bursts of 12 to an idle model, 0.1 s apart"
+    greedy = measurement("device time per request", "images", 3.13e-3, "s", (3.1e-3, 3.2e-3), 20,
+                         {"clock": "wall", "max_wait_ms": 0, "load": load})
+    waiting = measurement("device time per request", "images", 2.12e-3, "s", (2.1e-3, 2.2e-3), 20,
+                          {"clock": "wall", "max_wait_ms": 20, "load": load})
+    verdict = verdicts.wait_saved(greedy, waiting)
+    assert verdict.holds and verdict.sentence.startswith(f"At {load}, the wait saved")
+
+# -- notebook 06: the kind of load, a stall, a full queue ------------------------------------------
+
+
+def test_batches_past_users_holds_only_past_the_users_and_refuses_another_rate():
+    assert verdicts.batches_past_users(32, 4, 110, 114).holds
+    assert not verdicts.batches_past_users(4, 4, 110, 114).holds
+    with pytest.raises(Incomparable, match="different rates"):
+        verdicts.batches_past_users(32, 4, 300, 114)
+
+
+def test_stall_hidden_needs_the_closed_loop_to_have_met_the_stall():
+    assert verdicts.stall_hidden((0.001, 0.01), (0.05, 0.10), 1.03, 1.0).holds
+    # the closed loop never met the stall: nothing was hidden
+    assert not verdicts.stall_hidden((0.0, 0.0), (0.05, 0.10), 0.04, 1.0).holds
+    # the closed loop saw as much of it as the open loop
+    hidden = verdicts.stall_hidden((0.05, 0.10), (0.05, 0.10), 1.03, 1.0)
+    assert (hidden.holds, hidden.word) == (False, "did not hide")
+
+
+def test_the_slow_share_is_the_stalls_only_above_the_baseline():
+    assert verdicts.stall_is_the_cause((0.05, 0.10), (0.0, 0.0), 1.0).holds
+    assert not verdicts.stall_is_the_cause((0.05, 0.10), (0.05, 0.10), 1.0).holds
+    assert not verdicts.stall_is_the_cause((0.002, 0.005), (0.0, 0.0), 1.0).holds   # under 1 %: noise
+
+
+def drain(rps: float, shed_rps: float, mean_batch: float = 32.0, b: int = 32):
+    return measurement("drain rate", "resnet18", rps, "requests/s", (rps, rps), 1,
+                       {"max_batch_size": b, "clock": "wall"}, {"shed_rps": shed_rps, "mean_batch": mean_batch})
+
+
+def per_call(quantity: str, s: float, b: int = 32):
+    return measurement(quantity, "resnet18", s, "s", (s, s), 1, {"max_batch_size": b, "clock": "wall"})
+
+
+def test_sheds_cleanly():
+    assert verdicts.sheds_cleanly(drain(251, 1556), 0, 32).holds
+    assert not verdicts.sheds_cleanly(drain(251, 1556), 3, 32).holds          # failures
+    assert not verdicts.sheds_cleanly(drain(251, 100), 0, 32).holds           # barely overloaded
+    assert not verdicts.sheds_cleanly(drain(251, 1556, mean_batch=8), 0, 32).holds
+    with pytest.raises(Incomparable):
+        verdicts.sheds_cleanly(per_call("batch time", 0.1), 0, 32)
+
+
+def test_queue_bound_holds_inside_the_bounds_and_with_a_full_queue():
+    X = drain(251, 1556)
+    batch = per_call("batch time", 0.125)
+    # Q / X = 255 ms, (Q + B) / X = 382 ms
+    assert verdicts.queue_bound_holds(per_call("accepted latency", 0.350), X, batch, 64, 32).holds
+    assert not verdicts.queue_bound_holds(per_call("accepted latency", 0.600), X, batch, 64, 32).holds
+    assert not verdicts.queue_bound_holds(per_call("accepted latency", 0.100), X, batch, 64, 32).holds
+    # arrivals too slow to refill the queue within half a batch: the bound does not apply
+    slow = drain(251, 10)
+    assert not verdicts.queue_bound_holds(per_call("accepted latency", 0.350), slow, batch, 64, 32).holds
+    with pytest.raises(Incomparable):
+        verdicts.queue_bound_holds(X, X, batch, 64, 32)
+
+
+def capacity_at(rps: float, b: int = 32):
+    return measurement("capacity", "resnet18", rps, "requests/s", (rps, rps), 1,
+                       {"max_batch_size": b, "clock": "wall"}, {"mean_batch": float(b)})
+
+
+def test_shedding_costs_and_refuses_another_batch_size():
+    assert verdicts.shedding_costs(capacity_at(467), drain(251, 1556), per_call("batch time", 0.068),
+                                   per_call("batch time", 0.125)).holds
+    # as fast as without shedding: no cost shown
+    assert not verdicts.shedding_costs(capacity_at(467), drain(460, 1556), per_call("batch time", 0.068),
+                                       per_call("batch time", 0.070)).holds
+    with pytest.raises(Incomparable, match="MAX_BATCH_SIZE"):
+        verdicts.shedding_costs(capacity_at(467, b=16), drain(251, 1556), per_call("batch time", 0.068),
+                                per_call("batch time", 0.125))
+
+
+def test_the_bound_from_the_capacity():
+    # (64 + 32) / 467 = 206 ms
+    assert verdicts.capacity_bound_too_short(per_call("accepted latency", 0.350), capacity_at(467), 64, 32).holds
+    assert not verdicts.capacity_bound_too_short(per_call("accepted latency", 0.200), capacity_at(467), 64, 32).holds
+    with pytest.raises(Incomparable):
+        verdicts.capacity_bound_too_short(per_call("accepted latency", 0.3), drain(251, 1), 64, 32)
+
+# -- notebook 08: MAX_WAIT on a simulated GPU, and who feeds it ------------------------------------
+
+
+def point(quantity: str, value: float, unit: str = "s", policy: str = "greedy", wait: float = 0.0,
+          load: float = 36.0, model: str = "sim"):
+    return measurement(quantity, model, value, unit, (value, value), 1,
+                       {"policy": policy, "max_wait_ms": wait, "max_batch_size": 32, "offered_rps": load,
+                        "clock": "wall"})
+
+
+def capacity_of(model: str, value: float):
+    return measurement("capacity", model, value, "requests/s", (value, value), 3,
+                       {"max_batch_size": 32, "connections": 64, "body_bytes": 100, "clock": "wall"},
+                       {"mean_batch": 32.0})
+
+
+def test_no_more_throughput_holds_within_the_band_and_fails_beyond():
+    assert verdicts.no_more_throughput(capacity_of("greedy", 362.0), capacity_of("timer", 370.0))
+    more = verdicts.no_more_throughput(capacity_of("greedy", 300.0), capacity_of("timer", 362.0))
+    assert not more and more.word == "bought throughput"
+    with pytest.raises(Incomparable):
+        verdicts.no_more_throughput(point("p50", 0.04), capacity_of("timer", 362.0))
+
+
+def test_busy_at_light_load():
+    assert verdicts.busy_at_light_load(point("busy fraction", 0.82, "share"), 0.1)
+    assert not verdicts.busy_at_light_load(point("busy fraction", 0.15, "share"), 0.1)
+
+
+def test_cuts_device_time_needs_every_step_beyond_the_band():
+    line = [point("device time per request", v, policy=p, wait=w)
+            for v, p, w in ((0.0222, "greedy", 0), (0.0154, "timer", 31), (0.0056, "timer", 124))]
+    assert verdicts.cuts_device_time(line)
+    flat = [point("device time per request", v, policy=p, wait=w)   # 3.68 -> 3.74: no cut at the first step
+            for v, p, w in ((0.00368, "greedy", 0), (0.00374, "timer", 31), (0.00279, "timer", 124))]
+    assert not verdicts.cuts_device_time(flat)
+    with pytest.raises(Incomparable):           # another load
+        verdicts.cuts_device_time([line[0], point("device time per request", 0.01, "s", "timer", 31, load=271)])
+
+
+def test_wait_costs_latency_between_a_quarter_of_the_wait_and_the_wait_and_two_calls():
+    greedy = point("p50", 0.044)
+    assert verdicts.wait_costs_latency(greedy, point("p50", 0.120, policy="timer", wait=124), 0.031)
+    assert not verdicts.wait_costs_latency(greedy, point("p50", 0.050, policy="timer", wait=124), 0.031)
+    assert not verdicts.wait_costs_latency(greedy, point("p50", 0.300, policy="timer", wait=124), 0.031)
+    with pytest.raises(Incomparable):
+        verdicts.wait_costs_latency(greedy, point("p50", 0.120, policy="timer", wait=124, load=271), 0.031)
+
+
+def test_saves_less_when_busier():
+    def pair(g, w, load):
+        return (point("device time per request", g, load=load),
+                point("device time per request", w, policy="timer", wait=124, load=load))
+
+    assert verdicts.saves_less_when_busier(*pair(0.0222, 0.0056, 36), *pair(0.00368, 0.00279, 271))
+    assert not verdicts.saves_less_when_busier(*pair(0.0222, 0.0056, 36), *pair(0.0100, 0.0030, 271))
+
+
+def test_neighbour_gains_beyond_the_band_only():
+    assert verdicts.neighbour_gains(point("p50", 0.185, model="b"), point("p50", 0.125, model="b"))
+    same = verdicts.neighbour_gains(point("p50", 0.185, model="b"), point("p50", 0.175, model="b"))
+    assert not same and same.word == "could not be told apart"
+    later = verdicts.neighbour_gains(point("p50", 0.125, model="b"), point("p50", 0.185, model="b"))
+    assert not later and later.word == "finished later"
+
+
+def test_core_feeds_by_cores_to_feed():
+    def ceiling(v):
+        return measurement("offline ceiling", "dev", v, "rows/s", (v, v), 3, {"max_batch_size": 32})
+
+    t_http = seconds("t_http", 200e-6, "sim")
+    assert verdicts.core_feeds(t_http, ceiling(1090.0)).word == "has"            # 0.22 of a core
+    assert verdicts.core_feeds(t_http, ceiling(21791.0)).word == "lacks"       # 4.4 cores
+    near = verdicts.core_feeds(t_http, ceiling(5200.0))                          # 1.04: within the band
+    assert not near and near.word == "may or may not have"
+    with pytest.raises(Incomparable):
+        verdicts.core_feeds(ceiling(1090.0), t_http)
+
+
+def test_beats_serial_only_beyond_the_band():
+    served = measurement("served", "sim", 1064.0, "requests/s", (1064.0, 1064.0), 3, {"clock": "wall"})
+    t_http = seconds("t_http", 200e-6, "sim")
+    assert verdicts.beats_serial(served, t_http, 0.0294, 32)          # serial estimate 886/s
+    slow = measurement("served", "sim", 900.0, "requests/s", (900.0, 900.0), 3, {"clock": "wall"})
+    assert not verdicts.beats_serial(slow, t_http, 0.0294, 32)
+    with pytest.raises(Incomparable):
+        verdicts.beats_serial(t_http, t_http, 0.0294, 32)
+
+
+def test_compared_says_more_less_or_within_the_band():
+    def rps(v):
+        return measurement("served", "sim", v, "requests/s", (v, v), 3, {"clock": "wall"})
+
+    assert verdicts.compared(rps(6287.0), rps(6736.0), "a", "b").word == "within the noise band of"
+    assert verdicts.compared(rps(9000.0), rps(6736.0), "a", "b").word == "more than"
+    fewer = verdicts.compared(rps(4000.0), rps(6736.0), "a", "b")
+    assert not fewer and fewer.word == "less than"
+    with pytest.raises(Incomparable):
+        verdicts.compared(rps(1.0), seconds("t_http", 1e-4), "a", "b")
