@@ -1,9 +1,12 @@
-"""Settings: one object built from the environment and the command line.
+"""Settings: one object built from the environment, the command line or Ray's arguments.
 
 SageMaker's own variables keep their meaning; mmserver's knobs use the
-``MMSERVER_`` prefix. Command-line flags override the environment (``cli``).
-Every variable is read through :func:`read_env` with its type and default,
-so a bad value is refused with a message that names the variable.
+``MMSERVER_`` prefix. Every setting is one :class:`~mmserver.setting.Setting` line
+in :data:`SETTINGS` (its variable, its flag, its Ray argument, its check), and the
+batching knobs one line each in ``batching.KNOBS``: adding a setting is a field of
+:class:`Settings` and its line. A bad value is refused with a message that names the
+variable, the flag or the argument it came through, and the same value is refused
+through each of them.
 """
 
 from __future__ import annotations
@@ -15,10 +18,21 @@ from pathlib import Path
 from typing import TypeVar
 
 from mmserver.batching import KNOBS, BatchSettings
+from mmserver.setting import (  # noqa: F401 - the readers are re-exported
+    FOLDERS,
+    Setting,
+    boolean,
+    integer,
+    number,
+    paths,
+    text,
+)
 
 T = TypeVar("T")
 
 DEFAULT_PORT = 8080
+#: The v2 protocol's gRPC port: KServe's and MLServer's default (Triton's is 8001).
+DEFAULT_GRPC_PORT = 8081
 DEFAULT_MODEL_ROOT = "/opt/ml/models"
 DEFAULT_SINGLE_MODEL_DIR = "/opt/ml/model"
 #: SageMaker's documented default request payload limit.
@@ -41,37 +55,6 @@ ISOLATIONS = ("none", "process")
 
 
 # -- reading one variable -------------------------------------------------------------
-
-
-def integer(raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"must be an integer, got {raw!r}") from None
-
-
-def number(raw: str) -> float:
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"must be a number, got {raw!r}") from None
-
-
-def boolean(raw: str) -> bool:
-    lowered = raw.lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"must be true or false, got {raw!r}")
-
-
-def text(raw: str) -> str:
-    return raw
-
-
-def paths(raw: str) -> tuple[Path, ...]:
-    return tuple(Path(p) for p in raw.split(os.pathsep) if p)
 
 
 def read_env(env: Mapping[str, str], key: str, parse: Callable[[str], T], default: T) -> T:
@@ -111,6 +94,8 @@ def batch_settings_from_env(env: Mapping[str, str]) -> BatchSettings:
 class Settings:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
+    #: ``inference.GRPCInferenceService`` (mmserver.grpc) listens here; 0: no gRPC.
+    grpc_port: int = DEFAULT_GRPC_PORT
     multi_model: bool = True
     single_model_dir: Path = Path(DEFAULT_SINGLE_MODEL_DIR)
     model_roots: tuple[Path, ...] = (Path(DEFAULT_MODEL_ROOT),)
@@ -148,50 +133,88 @@ class Settings:
     isolation: str = "none"
 
     def __post_init__(self) -> None:
-        if self.http_workers < 1:
-            raise ValueError(f"MMSERVER_HTTP_WORKERS (--http-workers) must be at least 1, got "
-                             f"{self.http_workers}")
-        if self.isolation not in ISOLATIONS:
-            raise ValueError(f"MMSERVER_ISOLATION (--isolation) must be one of "
-                             f"{', '.join(ISOLATIONS)}, got {self.isolation!r}")
+        """A field given as is (not through an edge) meets its declaration's check too."""
+        for setting in SETTINGS:
+            value = getattr(self, setting.field)
+            if setting.to_field is None and value is not None and setting.env:
+                try:
+                    setting.check(value)
+                except ValueError as error:
+                    raise ValueError(f"{setting.env} ({setting.flag_name or setting.key}) "
+                                     f"{error}") from None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Read every variable of the settings table (flags go on top in ``cli``)."""
+        """Every declared variable (:data:`SETTINGS`) and the batching knobs; flags go on top
+        in ``cli``, Ray's arguments in ``ray.settings``."""
         env = os.environ if environ is None else environ
-        budget_mb = read_env(env, "MMSERVER_MEMORY_BUDGET_MB", number, None)
-        return cls(
-            host=read_env(env, "MMSERVER_HOST", text, cls.host),
-            port=read_env(env, "SAGEMAKER_BIND_TO_PORT", integer, DEFAULT_PORT),
-            multi_model=read_env(env, "SAGEMAKER_MULTI_MODEL", boolean, True),
-            single_model_dir=Path(read_env(env, "MMSERVER_SINGLE_MODEL_DIR", text,
-                                           DEFAULT_SINGLE_MODEL_DIR)),
-            model_roots=read_env(env, "MMSERVER_MODEL_ROOTS", paths,
-                                 (Path(DEFAULT_MODEL_ROOT),)) or (Path(DEFAULT_MODEL_ROOT),),
-            max_payload_bytes=int(read_env(env, "SAGEMAKER_MAX_PAYLOAD_IN_MB", number,
-                                           DEFAULT_MAX_PAYLOAD_MB) * 1024 * 1024),
-            model_server_timeout_seconds=read_env(env, "SAGEMAKER_MODEL_SERVER_TIMEOUT", number,
-                                                  DEFAULT_MODEL_SERVER_TIMEOUT_SECONDS),
-            program=read_env(env, "SAGEMAKER_PROGRAM", text, DEFAULT_PROGRAM),
-            batch=batch_settings_from_env(env),
-            memory_budget_bytes=None if budget_mb is None else int(budget_mb * 1024 * 1024),
-            max_models=read_env(env, "MMSERVER_MAX_MODELS", integer, None),
-            device=read_env(env, "MMSERVER_DEVICE", text, None),
-            access_log=read_env(env, "MMSERVER_ACCESS_LOG", boolean, True),
-            body_timeout_seconds=read_env(env, "MMSERVER_BODY_TIMEOUT", number,
-                                          DEFAULT_BODY_TIMEOUT_SECONDS),
-            load_timeout_seconds=read_env(env, "MMSERVER_LOAD_TIMEOUT", number,
-                                          DEFAULT_LOAD_TIMEOUT_SECONDS),
-            management_token=read_env(env, "MMSERVER_MANAGEMENT_TOKEN", text, None),
-            default_accept=read_env(env, "SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", text,
-                                    "application/json"),
-            decode_in_thread_bytes=read_env(env, "MMSERVER_DECODE_IN_THREAD_BYTES", integer,
-                                            DEFAULT_DECODE_IN_THREAD_BYTES),
-            shutdown_timeout_seconds=read_env(env, "MMSERVER_SHUTDOWN_TIMEOUT", number,
-                                              DEFAULT_SHUTDOWN_TIMEOUT_SECONDS),
-            tune_malloc=read_env(env, "MMSERVER_TUNE_MALLOC", boolean, True),
-            uvloop=read_env(env, "MMSERVER_UVLOOP", boolean, True),
-            install_requirements=read_env(env, "MMSERVER_INSTALL_REQUIREMENTS", boolean, True),
-            http_workers=read_env(env, "MMSERVER_HTTP_WORKERS", integer, 1),
-            isolation=read_env(env, "MMSERVER_ISOLATION", text, "none"),
-        )
+        values = {}
+        for setting in SETTINGS:
+            raw = env.get(setting.env) if setting.env else None
+            if raw is not None and raw.strip():
+                try:
+                    values[setting.field] = setting.read(raw)
+                except ValueError as error:
+                    raise ValueError(f"{setting.env} {error}") from None
+        return cls(batch=batch_settings_from_env(env), **values)
+
+
+def _mebibytes(megabytes: float) -> int:
+    return int(megabytes * 1024 * 1024)
+
+
+#: Every server setting but the batching knobs (``batching.KNOBS``) and ``preload`` (a flag
+#: of ``mmserver serve`` only); the README's settings table lists each with its default.
+SETTINGS = (
+    Setting("host", "MMSERVER_HOST", str, "address to bind"),
+    Setting("port", "SAGEMAKER_BIND_TO_PORT", int, "port", minimum=0,
+            maximum=65535),
+    Setting("grpc_port", "MMSERVER_GRPC_PORT", int,
+            "the v2 protocol's gRPC port (inference.GRPCInferenceService); 0: no gRPC",
+            minimum=0, maximum=65535),
+    Setting("multi_model", "SAGEMAKER_MULTI_MODEL", bool,
+            "false: serve the one model of MMSERVER_SINGLE_MODEL_DIR at /invocations"),
+    Setting("single_model_dir", "MMSERVER_SINGLE_MODEL_DIR", str,
+            "the model folder of single-model mode", to_field=Path),
+    Setting("model_roots", "MMSERVER_MODEL_ROOTS", FOLDERS,
+            "directories model urls must resolve inside; repeatable", flag="--model-root",
+            ray=True, repeatable=True),
+    Setting("max_payload_bytes", "SAGEMAKER_MAX_PAYLOAD_IN_MB", float, "largest request body",
+            key="max_payload_mb", above=0, to_field=_mebibytes),
+    Setting("model_server_timeout_seconds", "SAGEMAKER_MODEL_SERVER_TIMEOUT", float,
+            "seconds an invocation may take", key="model_server_timeout", above=0),
+    Setting("program", "SAGEMAKER_PROGRAM", str, "the handler script under code/"),
+    Setting("memory_budget_bytes", "MMSERVER_MEMORY_BUDGET_MB", float,
+            "memory loaded models may take, per process (per replica on Ray)",
+            key="memory_budget_mb", ray=True, above=0, to_field=_mebibytes),
+    Setting("max_models", "MMSERVER_MAX_MODELS", int,
+            "models loaded at once, per process (per replica on Ray)", ray=True, minimum=1),
+    Setting("device", "MMSERVER_DEVICE", str, "where models run"),
+    Setting("access_log", "MMSERVER_ACCESS_LOG", bool, "a log line per request"),
+    Setting("decode_in_thread_bytes", "MMSERVER_DECODE_IN_THREAD_BYTES", int,
+            "bodies at least this large are decoded in a worker thread", minimum=0),
+    Setting("body_timeout_seconds", "MMSERVER_BODY_TIMEOUT", float,
+            "seconds a client has to send its whole body", key="body_timeout", above=0),
+    Setting("load_timeout_seconds", "MMSERVER_LOAD_TIMEOUT", float,
+            "seconds a load may take", key="load_timeout", above=0),
+    Setting("shutdown_timeout_seconds", "MMSERVER_SHUTDOWN_TIMEOUT", float,
+            "seconds SIGTERM may take to answer accepted requests and exit",
+            key="shutdown_timeout", minimum=0),
+    # No flag: a command line is readable by every user of the machine (ps).
+    Setting("management_token", "MMSERVER_MANAGEMENT_TOKEN", str,
+            "the bearer token loading and unloading need", flag=False),
+    Setting("default_accept", "SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", str,
+            "what a missing or */* Accept means"),
+    Setting("tune_malloc", "MMSERVER_TUNE_MALLOC", bool, "fix glibc's malloc thresholds"),
+    Setting("uvloop", "MMSERVER_UVLOOP", bool, "serve on uvloop's event loop"),
+    Setting("install_requirements", "MMSERVER_INSTALL_REQUIREMENTS", bool,
+            "pip-install a model's code/requirements.txt"),
+    Setting("http_workers", "MMSERVER_HTTP_WORKERS", int,
+            "HTTP processes over one engine process that holds the models; 1: one process",
+            minimum=1),
+    Setting("isolation", "MMSERVER_ISOLATION", str,
+            "where a model runs when its mmserver.json does not say: 'process' gives each "
+            "model a process of its own, so that a native crash costs only that model",
+            choices=ISOLATIONS),
+)
+SETTINGS_BY_KEY = {setting.key: setting for setting in SETTINGS}

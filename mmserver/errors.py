@@ -12,9 +12,31 @@ can share the family without pulling in the rest of the package.
 
 from __future__ import annotations
 
+import enum
+
+
+class Unavailable(enum.StrEnum):
+    """Why a request was answered 503: each reason is an error class of its own below, the
+    ``reason`` label of ``mmserver_requests_unavailable_total``, a word in the log line, and
+    a row of its own in the load tests' counts (only a full queue is shed load)."""
+
+    #: The model's queue holds ``max_queue_size`` requests: load shed on purpose.
+    QUEUE_FULL = "queue_full"
+    #: A call into the model is stuck past the invocation timeout.
+    UNHEALTHY = "unhealthy"
+    #: The model's process died and a new one is loading it again.
+    LOADING = "loading"
+    #: With ``--http-workers``: the engine that holds the models is gone or restarting.
+    ENGINE_UNAVAILABLE = "engine_unavailable"
+    #: On a Ray cluster: the replica given the request died before it answered, twice.
+    REPLICA_UNAVAILABLE = "replica_unavailable"
+
 
 class MMServerError(Exception):
     """Base class; ``str(error)`` is the message sent to the client."""
+
+    #: Why, for an error answered 503 (every such class sets it); None for the others.
+    unavailable: Unavailable | None = None
 
 
 # -- the request ------------------------------------------------------------------
@@ -101,6 +123,8 @@ class RetryLater(MMServerError):
 class QueueFull(RetryLater):
     """The model's queue holds ``max_queue_size`` requests; come back later."""
 
+    unavailable = Unavailable.QUEUE_FULL
+
 
 class RunnerClosed(MMServerError):
     """The model's runner is stopping or stopped and accepts no new requests."""
@@ -108,6 +132,8 @@ class RunnerClosed(MMServerError):
 
 class ModelUnhealthy(MMServerError):
     """A call into the model has outlived the invocation timeout and still runs."""
+
+    unavailable = Unavailable.UNHEALTHY
 
 
 class ModelError(MMServerError):
@@ -131,10 +157,21 @@ class EngineUnavailable(RetryLater):
     or died, and another is loading the models again), so this worker cannot serve the
     request now."""
 
+    unavailable = Unavailable.ENGINE_UNAVAILABLE
+
+
+class ModelStillLoading(EngineUnavailable):
+    """A model with a process of its own (``isolation: process``) whose process died: a new
+    one is loading it again, and answers once it has."""
+
+    unavailable = Unavailable.LOADING
+
 
 class ReplicaUnavailable(RetryLater):
     """On a Ray cluster: the replica given the request died, or could not be reached, before
     it answered; another replica can serve the model."""
+
+    unavailable = Unavailable.REPLICA_UNAVAILABLE
 
 
 #: Longest error message handed back to a client; the full one stays in the exception chain.

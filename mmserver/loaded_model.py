@@ -3,28 +3,36 @@
 A :class:`LoadedModel` holds the model folder's resolved functions
 (:class:`~mmserver.handler.folder.ModelHandler`), its :class:`ModelRunner` (the batching
 queue), the threads that run its own ``input_fn``/``output_fn``, its memory
-figure, and :meth:`close`, which drains and frees all of them. The registry, both
-protocols' routes and any other host use it alike; nothing here knows HTTP.
-:meth:`info` returns plain data that the HTTP layer shapes into its answers.
+figure, and :meth:`close`, which drains and frees all of them. It is the served model
+(``mmserver.served``) of this process: invocations run through the
+:class:`~mmserver.pipeline.InvocationPipeline`, and its answers are the HTTP layer's
+builders' (``http.answers``, ``http.triton``) of its plain data (:meth:`info`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import enum
 import gc
 import itertools
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from mmserver.batching import BatchSettings, ModelRunner, RunnerStats
-from mmserver.handler.folder import ModelHandler
-from mmserver.handler.requirements import InstalledRequirements
+from mmserver.batching import ModelRunner
+from mmserver.batching.reservation import Reservation
+from mmserver.handler.folder import ModelHandler, RowCodecs
+from mmserver.http import answers, triton
+from mmserver.http.service import Call
+from mmserver.model_info import NOT_LOADED, ModelInfo, ModelStatus
+from mmserver.pipeline import Answer, Invocation, InvocationPipeline
+from mmserver.wires import ToolkitHeaders, V2Headers
 from mmserver.workers import WorkerPool
+
+__all__ = ["NOT_LOADED", "LoadedModel", "ModelInfo", "ModelStatus"]  # the last three: older imports
 
 log = logging.getLogger(__name__)
 
@@ -34,57 +42,16 @@ CODEC_THREADS = 2
 _GENERATIONS = itertools.count(1)
 
 
-class ModelStatus(enum.StrEnum):
-    """Where a model is in its life; a string, so answers and logs show its value as it is."""
-
-    LOADING = "loading"
-    READY = "ready"
-    #: A call into the model is stuck past its time limit; new requests get 503.
-    UNHEALTHY = "unhealthy"
-    UNLOADING = "unloading"
-    #: In the registry's index only: a folder of the model roots no model is loaded from.
-    NOT_LOADED = "not loaded"
-
-
-NOT_LOADED = ModelStatus.NOT_LOADED
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelInfo:
-    """What a model is and does now, as plain data (the HTTP layer names the keys)."""
-
-    name: str
-    url: str
-    status: ModelStatus
-    device: torch.device | None = None
-    memory_bytes: int | None = None
-    batching: BatchSettings | None = None
-    queue_depth: int = 0
-    stats: RunnerStats | None = None
-    #: With ``batch_sizing="measured"``: the size the model's own calls serve fastest.
-    measured_batch_size: int | None = None
-    #: While unhealthy: how long the stuck call has run, and the limit it passed.
-    stuck_seconds: float | None = None
-    call_timeout_seconds: float | None = None
-    #: Seconds each instance has spent running batches.
-    instance_busy_seconds: tuple[float, ...] = ()
-    #: Why the model runs other than asked (one instance for a script not declared thread-safe).
-    notes: tuple[str, ...] = ()
-
-
 class LoadedModel:
     """One model, ready to serve until :meth:`close` (see the module docstring)."""
 
     def __init__(self, name: str, url: str, path: Path, handler: ModelHandler,
-                 runner: ModelRunner, memory_bytes: int, notes: tuple[str, ...] = (),
-                 packages: InstalledRequirements | None = None):
+                 runner: ModelRunner, memory_bytes: int, notes: tuple[str, ...] = ()):
         self.name, self.url, self.path = name, url, path
         self.notes = notes
         self.handler = handler
         self.runner = runner
         self.memory_bytes = memory_bytes
-        #: The folder its code/requirements.txt was installed into, shared by file hash.
-        self.packages = packages
         #: Runs this model's own input_fn/output_fn, so a stuck one holds no other model's thread.
         self.codec_pool = WorkerPool(f"{name}-codec", workers=CODEC_THREADS)
         self.unloading = False
@@ -123,12 +90,56 @@ class LoadedModel:
             instance_busy_seconds=tuple(e.busy_seconds for e in runner.instances.executors),
             notes=self.notes)
 
+    # -- the served model (``mmserver.served``) -------------------------------------------
+
+    def admit(self) -> None:
+        self.runner.check_admission()
+
+    async def invoke(self, headers: ToolkitHeaders | V2Headers, call: Call,
+                     pipeline: InvocationPipeline) -> Answer:
+        return await pipeline.run(self, Invocation(
+            wire=headers.wire(self.name, self.handler, pipeline.settings.default_accept),
+            content_length=call.content_length, read_body=call.read_body,
+            body_arrived=call.body_arrived))
+
+    def row_codecs(self) -> RowCodecs | None:
+        return self.handler.row_codecs(self.generation)
+
+    def submit_rows(self, rows: Any, pipeline: InvocationPipeline) -> Reservation:
+        return pipeline.submit(self, rows)
+
+    def watch_admission(self, listener: Callable[[Exception | None], None]) -> None:
+        self.runner.watch_admission(listener)
+
+    def count_refusal(self) -> None:
+        self.runner.stats.requests_rejected += 1
+
+    def record_stages(self, *seconds: float) -> None:
+        self.runner.stats.stages.add(*seconds)
+
+    async def describe(self) -> dict[str, object]:
+        return answers.described(self.info())
+
+    async def model_metadata(self) -> dict[str, object]:
+        return triton.model_metadata(self)
+
+    async def model_config(self) -> dict[str, object]:
+        return triton.model_config(self)
+
+    async def model_statistics(self) -> list[dict[str, object]]:
+        return [triton.model_stats(self)]
+
+    def export_metrics(self, metrics: Any) -> None:
+        metrics.runner_loaded(self.name, self.memory_bytes, self.runner)
+
+    async def exposition(self) -> bytes:
+        return b""  # its series are this process's own
+
     async def close(self, drain_timeout: float) -> None:
         """Answer accepted requests (at most ``drain_timeout`` s), then free the model.
 
         A stuck call is not waited for. Freed: the runner's thread, the codec threads,
-        the model and its code's modules, on CUDA the allocator's cache, and the
-        folder of its installed requirements once no other model uses it.
+        the model and its code's modules, and on CUDA the allocator's cache.
         """
         self.unloading = True
         loop = asyncio.get_running_loop()
@@ -146,8 +157,6 @@ class LoadedModel:
             gc.collect()
             if self.device is not None and self.device.type == "cuda":
                 torch.cuda.empty_cache()
-            if self.packages is not None:  # its modules are gone: the folder may go too
-                await self.packages.release()
 
 
 class _InvocationInProgress:

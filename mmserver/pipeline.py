@@ -32,23 +32,26 @@ A thread frees the event loop only while the work in it releases the GIL: numpy 
 torch mostly do, but ``json.loads`` of a large body holds it for the whole parse, so
 large inputs are best sent as ``.npy`` (notebook 04 measures both).
 
-Steps 3 to 5 together are bounded by ``model_server_timeout_seconds`` (504).
+Steps 3 to 5 together are bounded by ``model_server_timeout_seconds`` (504). They are
+:meth:`InvocationPipeline.answer` in every process: only step 4 differs, the runner here
+or, in an HTTP worker, the rows sent to the engine that holds the model (``engine.client``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from mmserver.batching.execution import QueuedRequest
+from mmserver.batching.reservation import Reservation
 from mmserver.config import Settings
 from mmserver.errors import BodyTimeout, InvocationTimeout, PayloadTooLarge
-from mmserver.loaded_model import LoadedModel
 from mmserver.workers import WorkerPool
 
 #: Outputs with at least this many numbers are encoded in a worker thread: writing 100,000
@@ -125,7 +128,9 @@ async def read_chunks_within(chunks: AsyncIterable[bytes], limit: int) -> bytes:
 
 
 class InvocationPipeline:
-    """Runs invocations against loaded models under one server's settings."""
+    """Runs invocations against loaded models under one server's settings. ``model``: a
+    :class:`~mmserver.loaded_model.LoadedModel` (its runner, codec threads, invocation count),
+    which runs its invocations here."""
 
     def __init__(self, settings: Settings, decode_pool: WorkerPool | None = None):
         self.settings = settings
@@ -134,26 +139,46 @@ class InvocationPipeline:
     def close(self) -> None:
         self.decode_pool.close()
 
-    async def run(self, model: LoadedModel, invocation: Invocation) -> Answer:
+    async def run(self, model: Any, invocation: Invocation) -> Answer:
         settings, wire = self.settings, invocation.wire
-        runner, codec_pool = model.runner, model.codec_pool
+        runner = model.runner
         if invocation.content_length is not None:
             check_payload_size(invocation.content_length, settings.max_payload_bytes)
         runner.check_admission()
         wire.admit()
         body = await read_whole_body(invocation.read_body, invocation.body_arrived, settings)
+        with model.invocation(), runner.reserve() as slot:
+            return await self.answer(model.name, wire, body,
+                                     functools.partial(_through_runner, slot, runner.stats),
+                                     model.codec_pool)
+
+    async def answer(self, name: str, wire: Wire, body: bytes, model_step: ModelStep,
+                     codec_pool: WorkerPool | None = None) -> Answer:
+        """Steps 3 to 5, the one path from a read body to its answer in every process:
+        decode, ``model_step`` (this process's runner, or an HTTP worker's engine), encode,
+        all within one deadline (504 past it), and the request's seconds per stage to
+        whoever keeps the model's statistics."""
         # One deadline for the rest, checked by the runner's own timer and by the awaits on
         # worker threads: cheaper per request than a timeout context around it all.
-        deadline = asyncio.get_running_loop().time() + settings.model_server_timeout_seconds
+        received = time.perf_counter()
+        deadline = asyncio.get_running_loop().time() + self.settings.model_server_timeout_seconds
         try:
-            with model.invocation(), runner.reserve() as slot:
-                data = await run_on(self.decoding_pool(wire, body, codec_pool), deadline,
-                                    wire.decode, body)
-                rows = await slot.submit(data, deadline=deadline)
-                return await run_on(self.encoding_pool(wire, rows, codec_pool), deadline,
-                                    wire.encode, rows)
+            data = await run_on(self.decoding_pool(wire, body, codec_pool), deadline,
+                                wire.decode, body)
+            decoded = time.perf_counter()
+            called = await model_step(data, deadline)
+            answered = time.perf_counter()
+            try:
+                answer = await run_on(self.encoding_pool(wire, called.rows, codec_pool),
+                                      deadline, wire.encode, called.rows)
+            except BaseException:
+                called.settled(None)
+                raise
+            called.settled(stage_seconds(called.queue_seconds, called.infer_seconds, received,
+                                         decoded, answered, time.perf_counter()))
+            return answer
         except InvocationTimeout:
-            raise self.timed_out(model.name) from None
+            raise self.timed_out(name) from None
 
     def decoding_pool(self, wire: Wire, body: bytes, codec_pool: WorkerPool | None = None
                       ) -> WorkerPool | None:
@@ -173,24 +198,25 @@ class InvocationPipeline:
             return codec_pool
         return self.decode_pool if wire.heavy_output(rows) else None
 
-    def submit(self, model: LoadedModel, data: Any) -> QueuedRequest:
+    def submit(self, model: Any, data: Any) -> Reservation:
         """Rows another process decoded (an HTTP worker over the engine), queued now: steps 4
         on, without a coroutine, so the engine answers a burst of them from one callback.
         Admission, the deadline and ``model.invocation()`` are :meth:`run`'s; the rows or
-        the error come on the returned request's ``future``, a timeout as
-        :meth:`timed_out`'s once the caller asks."""
+        the error come on the reservation's ``future``, a timeout as :meth:`timed_out`'s
+        once the caller asks; a caller that gives up withdraws it."""
         runner = model.runner
-        runner.check_admission()
+        slot = runner.reserve()
         deadline = asyncio.get_running_loop().time() + self.settings.model_server_timeout_seconds
         invocation = model.invocation()
         invocation.__enter__()
         try:
-            request = runner.enqueue(data, deadline)
+            slot.submit(data, deadline=deadline)
         except BaseException:
             invocation.__exit__()
+            slot.release()
             raise
-        request.future.add_done_callback(invocation.ended)
-        return request
+        slot.future.add_done_callback(invocation.ended)
+        return slot
 
     def timed_out(self, name: str) -> InvocationTimeout:
         """What an invocation of model ``name`` past ``model_server_timeout_seconds`` answers
@@ -198,6 +224,48 @@ class InvocationPipeline:
         return InvocationTimeout(
             f"model {name!r} did not answer within "
             f"{self.settings.model_server_timeout_seconds:g} s (SAGEMAKER_MODEL_SERVER_TIMEOUT)")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Called:
+    """What the model step of one request gave: its answer's rows, the seconds it waited in
+    the runner's queue and its batch's call took, and ``settled``, called once the answer is
+    encoded with its seconds per stage (:func:`stage_seconds`), or with None if encoding
+    failed: the step's owner records them and frees what the rows lie in."""
+
+    rows: Any
+    queue_seconds: float
+    infer_seconds: float
+    settled: Callable[[tuple[float, ...] | None], None]
+
+
+#: Step 4 of :meth:`InvocationPipeline.answer`: decoded rows and the deadline (the loop's
+#: clock) to what the model gave.
+ModelStep = Callable[[Any, float], Awaitable[Called]]
+
+
+async def _through_runner(slot: Reservation, stats: Any, data: Any, deadline: float) -> Called:
+    """Step 4 in this process: the rows through the model's runner, on the slot taken for them."""
+    rows = await slot.submit(data, deadline=deadline)
+    request = slot.queued
+
+    def settled(stages: tuple[float, ...] | None) -> None:
+        if stages is not None:
+            stats.stages.add(*stages)
+
+    return Called(rows, request.started - request.arrival, request.ended - request.started,
+                  settled)
+
+
+def stage_seconds(queue_seconds: float, infer_seconds: float, received: float,
+                  decoded: float, answered: float, encoded: float) -> tuple[float, ...]:
+    """One request answered with a result, as Triton's stages (``batching.stats.STAGES``):
+    from its body's arrival (``received``) to its answer's end (``encoded``), decoding
+    (compute_input), its queue and call times from the runner (queue, compute_infer) and
+    encoding (compute_output); the rest of ``success`` is the loop's hand-offs
+    (perf_analyzer's "overhead")."""
+    return (encoded - received, queue_seconds, decoded - received, infer_seconds,
+            encoded - answered)
 
 
 def read_whole_body(read_body: Callable[[int], Awaitable[bytes]], body_arrived: bool,

@@ -1,4 +1,8 @@
-"""The set of models: names mapped to a model being loaded or a :class:`LoadedModel`.
+"""The set of models: names mapped to a model being loaded or a served model.
+
+It is the factory of served models (``mmserver.served``), the one place that knows their
+kinds: a :class:`LoadedModel` in this process, or an
+:class:`~mmserver.engine.isolated.IsolatedModel` in an engine of its own.
 
 A name is *taken* from the moment its load starts until its unload has freed
 the model, so it is never loaded twice (409). Before a load the registry asks
@@ -20,12 +24,11 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import torch
 
 from mmserver.capacity import CapacityPolicy, default_memory_budget_bytes, estimated_memory_bytes
 from mmserver.config import Settings
+from mmserver.engine.isolated import IsolatedModel
 from mmserver.errors import (
     InvalidRequest,
     ModelAlreadyLoaded,
@@ -34,15 +37,14 @@ from mmserver.errors import (
     ModelUrlNotFound,
 )
 from mmserver.handler.folder import is_model_folder
-from mmserver.handler.requirements import RequirementsCache
+from mmserver.handler.requirements import RequirementsCache, needs_own_process
 from mmserver.handler.settings import ModelSettings
+from mmserver.http import answers
 from mmserver.loaded_model import NOT_LOADED, LoadedModel, ModelInfo, ModelStatus
-from mmserver.loader import load_model
+from mmserver.loader import install_requirements, load_model
 from mmserver.model_roots import ModelRoots
 from mmserver.paging import paginate
-
-if TYPE_CHECKING:
-    from mmserver.engine.isolated import IsolatedModel
+from mmserver.served import ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,9 @@ class Loading:
     def info(self) -> ModelInfo:
         return ModelInfo(name=self.name, url=self.url, status=self.status)
 
+    async def describe(self) -> dict[str, object]:
+        return answers.described(self.info())
+
 
 #: Letters, digits, '.', '_' and '-', starting with a letter or digit (no '/' and no '..').
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -71,18 +76,20 @@ def pick_device(requested: str | None) -> torch.device:
 
 
 class ModelRegistry:
-    """``isolating``: a model whose settings ask for a process of its own gets one
-    (``engine.isolated``), reported through ``on_restart(model)`` when that process died
+    """``isolate_in``: the class of the service an isolated model's own engine holds; given,
+    a model whose settings ask for a process of its own gets one (``engine.isolated``),
+    reported through ``on_restart(model)`` when that process died
     and another loads it, and ``on_failed(name, url, reason)`` when none could."""
 
     def __init__(self, settings: Settings,
-                 on_loaded: Callable[[LoadedModel], None] | None = None,
-                 on_unloaded: Callable[[LoadedModel], None] | None = None, *,
-                 isolating: bool = False,
+                 on_loaded: Callable[[ServedModel], None] | None = None,
+                 on_unloaded: Callable[[ServedModel], None] | None = None, *,
+                 isolate_in: type | None = None,
                  on_restart: Callable[[IsolatedModel], None] | None = None,
                  on_failed: Callable[[str, str, str], None] | None = None):
         self.settings = settings
-        self.isolating = isolating
+        self.isolate_in = isolate_in
+        self.isolating = isolate_in is not None
         self.device = pick_device(settings.device)
         self.capacity = CapacityPolicy(
             memory_budget_bytes=(settings.memory_budget_bytes
@@ -92,7 +99,7 @@ class ModelRegistry:
         self.roots = ModelRoots(settings.model_roots)
         #: Where models' code/requirements.txt are installed; None when installing is off.
         self.requirements = RequirementsCache() if settings.install_requirements else None
-        self._models: dict[str, Loading | LoadedModel | IsolatedModel] = {}
+        self._models: dict[str, Loading | ServedModel] = {}
         #: Unloads under way, held here so that they finish even if their caller goes away.
         self._unloads: dict[str, asyncio.Task] = {}
         self._on_loaded = on_loaded
@@ -126,7 +133,7 @@ class ModelRegistry:
                                 isolate=False)
 
     async def _load(self, name: str, url: str, path: Path, isolate: bool = True
-                    ) -> LoadedModel | IsolatedModel:
+                    ) -> ServedModel:
         if name in self._models:
             raise ModelAlreadyLoaded(f"model {name!r} is already {self._models[name].status}")
         isolated = isolate and self._isolates(path)
@@ -163,18 +170,21 @@ class ModelRegistry:
         return model
 
     def _isolates(self, path: Path) -> bool:
-        """Whether the model of folder ``path`` gets a process of its own: its
-        ``mmserver.json`` says so, or says nothing and the server's setting does."""
+        """Whether the model of folder ``path`` gets a process of its own: it ships packages
+        of its own (``code/requirements.txt``), or its ``mmserver.json`` says so, or says
+        nothing and the server's setting does."""
         if not self.isolating:
             return False
-        return (ModelSettings.read(path).isolation or self.settings.isolation) == "process"
+        isolation = ModelSettings.read(path).isolation or self.settings.isolation
+        return needs_own_process(path, self.settings) or isolation == "process"
 
     async def _load_isolated(self, name: str, url: str, path: Path) -> IsolatedModel:
-        from mmserver.engine.isolated import IsolatedModel  # it imports the registry's users
-
+        packages = await install_requirements(name, path, self.requirements,
+                                              self.settings.load_timeout_seconds)
         model = IsolatedModel(name, url, path, dataclasses.replace(
             self.settings, preload=(), multi_model=True, http_workers=1),
-            on_restart=self._on_restart or (lambda model: None), on_failed=self._failed)
+            service=self.isolate_in, on_restart=self._on_restart or (lambda model: None),
+            on_failed=self._failed, packages=packages)
         await model.load()
         return model
 
@@ -201,14 +211,21 @@ class ModelRegistry:
             raise ModelNotFound(f"model {name!r} is not loaded")
         return model.info()
 
-    def get(self, name: str) -> LoadedModel | IsolatedModel:
+    def entry(self, name: str) -> Loading | ServedModel:
+        """What holds the name now: a load under way, or the model (unloading included)."""
+        model = self._models.get(name)
+        if model is None:
+            raise ModelNotFound(f"model {name!r} is not loaded")
+        return model
+
+    def get(self, name: str) -> ServedModel:
         """The model, ready to serve (an unhealthy one included: it answers 503 while stuck)."""
         model = self._models.get(name)
         if model is None or isinstance(model, Loading) or model.unloading:
             raise ModelNotFound(f"model {name!r} is not loaded")
         return model
 
-    def ready(self) -> list[LoadedModel | IsolatedModel]:
+    def ready(self) -> list[ServedModel]:
         """Models that serve (an unhealthy one included: it answers 503 while stuck)."""
         return [m for m in self._models.values()
                 if not isinstance(m, Loading) and not m.unloading]
@@ -247,7 +264,7 @@ class ModelRegistry:
         task = self._unloads[name] = asyncio.create_task(self._unload(model, timeout))
         await asyncio.shield(task)
 
-    async def _unload(self, model: LoadedModel, timeout: float) -> None:
+    async def _unload(self, model: ServedModel, timeout: float) -> None:
         try:
             await model.close(timeout)
         finally:

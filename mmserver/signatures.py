@@ -27,10 +27,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import torch
 
 from mmserver.errors import InvalidInput, InvalidModelArtifact, InvalidRequest, ModelError
-from mmserver.v2_tensors import DATATYPES, MAX_DIMENSIONS, datatype_name
+from mmserver.v2_tensors import BYTES, DATATYPES, MAX_DIMENSIONS, datatype_name
 
 INPUTS_KEY = "inputs"
 OUTPUTS_KEY = "outputs"
@@ -47,9 +48,10 @@ class TensorSpec:
     #: -1 (:data:`ANY_SIZE`) for a dimension of any size.
     shape: tuple[int, ...]
 
-    def accepts(self, tensor: torch.Tensor) -> str | None:
-        """Why ``tensor`` does not fit this spec, or None when it does."""
-        datatype = datatype_name(tensor.dtype)
+    def accepts(self, tensor: torch.Tensor | np.ndarray) -> str | None:
+        """Why ``tensor`` does not fit this spec, or None when it does (a NumPy array of
+        ``bytes`` is a BYTES tensor)."""
+        datatype = BYTES if isinstance(tensor, np.ndarray) else datatype_name(tensor.dtype)
         if datatype != self.datatype:
             return f"input {self.name!r} is {self.datatype}, got {datatype}"
         shape = tuple(tensor.shape)
@@ -155,9 +157,9 @@ def declared_specs(entries: object, where: str) -> tuple[TensorSpec, ...] | None
             raise InvalidModelArtifact(f"{at}: name must be a non-empty string, got {name!r}")
         if any(spec.name == name for spec in specs):
             raise InvalidModelArtifact(f"{at}: the name {name!r} is used twice")
-        if datatype not in DATATYPES:
+        if datatype not in DATATYPES and datatype != BYTES:
             raise InvalidModelArtifact(f"{at}: datatype must be one of "
-                                       f"{', '.join(DATATYPES)}, got {datatype!r}")
+                                       f"{', '.join([*DATATYPES, BYTES])}, got {datatype!r}")
         if not isinstance(shape, list) or len(shape) > MAX_DIMENSIONS or not all(
                 isinstance(d, int) and not isinstance(d, bool) and d >= ANY_SIZE
                 for d in shape):

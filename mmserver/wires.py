@@ -80,7 +80,8 @@ class ToolkitWire(Wire):
         return Answer(payload, content_type.split(";")[0])
 
     def heavy_body(self, body: bytes, decode_in_thread_bytes: int) -> bool:
-        return len(body) >= decode_in_thread_bytes or \
+        """Large bodies, images and a text model's (tokenizing) decode in a thread."""
+        return len(body) >= decode_in_thread_bytes or self.handler.text is not None or \
             codecs.media_type(self.context.content_type).startswith("image/")
 
 
@@ -131,11 +132,15 @@ class V2Wire(Wire):
         inputs = self.signature.matched_inputs(request.inputs)
         if request.outputs is not None:
             self.signature.check_requested_outputs([output.name for output in request.outputs])
+        if self.handler.text is None and any(isinstance(t, np.ndarray) for t in inputs.values()):
+            raise errors.InvalidInput(f"model {self.model_name!r} takes numeric tensors; BYTES "
+                                      "(strings) are for text models (mmserver.json's text)")
         data = next(iter(inputs.values())) if len(inputs) == 1 else inputs
+        data = self.handler.from_tensors(data, self.context)
         if self.handler.row_wise:
             _check_rows(data)
         self.request = request
-        return self.handler.from_tensors(data, self.context)
+        return data
 
     def encode(self, rows: Any) -> Answer:
         request = self.request
@@ -167,6 +172,10 @@ class V2Wire(Wire):
         if header_length is None:
             return Answer(body, JSON_TYPE)
         return Answer(body, BINARY_TYPE, {HEADER_LENGTH: str(header_length)})
+
+    def heavy_body(self, body: bytes, decode_in_thread_bytes: int) -> bool:
+        """Large bodies and a text model's (tokenizing) decode in a thread."""
+        return len(body) >= decode_in_thread_bytes or self.handler.text is not None
 
     def heavy_output(self, rows: Any) -> bool:
         try:

@@ -21,6 +21,7 @@ raised them and nothing else.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import queue
 import threading
@@ -75,14 +76,20 @@ class WorkerPool:
 
     def run(self, function: Callable[..., Any], *args: Any) -> asyncio.Future:
         """Schedule ``function(*args)``; await the returned future on the running loop."""
+        future = asyncio.get_running_loop().create_future()
+        self.run_then(functools.partial(_deliver, future), function, *args)
+        return future
+
+    def run_then(self, then: Callable[[Any, BaseException | None], None],
+                 function: Callable[..., Any], *args: Any) -> None:
+        """Schedule ``function(*args)``; then ``then(result, error)`` on the running loop, in
+        the very callback that brings the result back: no future, so no second loop step
+        (the batching runner starts a model's next call there)."""
         if self._closed:
             raise RuntimeError(f"worker pool {self.name!r} is closed")
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._jobs.put((loop, future, function, args))
+        self._jobs.put((asyncio.get_running_loop(), then, function, args))
         if len(self._threads) < self.workers and self._jobs.qsize() > 0:
             self._start_thread()
-        return future
 
     def _start_thread(self) -> None:
         thread = threading.Thread(target=self._work, daemon=True,
@@ -95,7 +102,7 @@ class WorkerPool:
             job = self._jobs.get()
             if job is None:
                 return
-            loop, future, function, args = job
+            loop, deliver, function, args = job
             result = error = None
             _count_running(1)
             try:
@@ -108,10 +115,10 @@ class WorkerPool:
             finally:
                 _count_running(-1)
             try:
-                loop.call_soon_threadsafe(_deliver, future, result, error)
+                loop.call_soon_threadsafe(deliver, result, error)
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 pass
-            del job, future, result, error
+            del job, deliver, result, error
 
     def close(self) -> None:
         """Let the threads end once their current call returns; a stuck one is abandoned."""

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import torch
+
+from mmserver.harness.testing import histogram, sample_value
 
 #: "The same answer" (docs/design.md, section 3): ``torch.testing.assert_close``'s float32
 #: tolerances, |batched - alone| <= ATOL + RTOL * |alone|.
@@ -113,3 +116,26 @@ def wait_for_in_flight(server, name: str, count: int, timeout: float = 30) -> No
     """Wait until the server holds exactly ``count`` requests of ``name`` (queued or running)."""
     assert wait_until(lambda: model_stats(server, name).get("requestsInFlight") == count, timeout), (
         f"{name!r} never held {count} requests in flight: {model_stats(server, name)}")
+
+
+def assert_statistics_match_metrics(stats: dict, families) -> None:
+    """A model's Triton statistics hold the same totals as ``/metrics`` (no request of it
+    failed): per request and stage, per call, per row."""
+    name = stats["name"]
+    inference = stats["inference_stats"]
+    for stage in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
+        count = sample_value(families, "mmserver_request_stage_seconds_count", model=name,
+                             stage=stage)
+        seconds = sample_value(families, "mmserver_request_stage_seconds_sum", model=name,
+                               stage=stage)
+        assert (inference[stage]["count"], inference[stage]["ns"]) == pytest.approx(
+            (count, seconds * 1e9), abs=1), stage
+    _, queue_sum, queue_count = histogram(families, "mmserver_queue_wait_seconds", model=name)
+    assert (inference["queue"]["count"], inference["queue"]["ns"]) == pytest.approx(
+        (queue_count, queue_sum * 1e9), abs=1)
+    _, compute_sum, calls = histogram(families, "mmserver_compute_seconds", model=name)
+    assert stats["execution_count"] == calls
+    assert sum(b["compute_infer"]["ns"] for b in stats["batch_stats"]) == pytest.approx(
+        compute_sum * 1e9, abs=len(stats["batch_stats"]))
+    _, rows, _ = histogram(families, "mmserver_batch_size_rows", model=name)
+    assert stats["inference_count"] == rows

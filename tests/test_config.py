@@ -81,7 +81,7 @@ def test_model_overrides_are_checked():
 
 
 def test_torch_threads_are_divided_among_the_default_instances():
-    from mmserver.cli import intra_op_threads
+    from mmserver.process import intra_op_threads
 
     assert intra_op_threads(8, 1) == 8
     assert intra_op_threads(8, 2) == 4

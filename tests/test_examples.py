@@ -70,7 +70,7 @@ def _rendered(image_0_to_16, side=32, invert=False):
 
 
 def test_writes_every_example_in_the_sagemaker_layout(written, tmp_path_factory):
-    assert set(written) == set(EXAMPLES) == {"digits", "resnet18", "tabular"}
+    assert set(written) == set(EXAMPLES) == {"digits", "resnet18", "tabular", "minilm"}
     for name, model_dir in written.items():
         assert model_dir.name == "model" and model_dir.parent.name == name
         for relative in EXAMPLES[name].files:
@@ -81,6 +81,9 @@ def test_writes_every_example_in_the_sagemaker_layout(written, tmp_path_factory)
     assert json.loads((written["digits"] / "mmserver.json").read_text()) == {"max_batch_size": 64, "max_wait_ms": 2}
     assert json.loads((written["resnet18"] / "mmserver.json").read_text()) == {"max_batch_size": 32, "max_wait_ms": 5}
     assert not (written["resnet18"] / "code").exists(), "resnet18 must use the default handlers"
+    minilm = json.loads((written["minilm"] / "mmserver.json").read_text())
+    assert minilm["text"] == {"tokenizer": "tokenizer.json", "max_length": 256}
+    assert minilm["max_batch_tokens"] == 2048
 
 
 @pytest.mark.parametrize("rows", [1, 5])

@@ -322,6 +322,9 @@ def test_a_killed_engine_fails_its_requests_at_once_and_a_new_one_serves_the_sam
     _affine_serves(server)
     assert _post(server, "slow", [[2.0]])[::2] == (200, [[2.0]])
     assert _restarts_metric(server) == after["restarts"]
+    # The 503 the lost engine could not count is counted by the next one, with its reason.
+    assert wait_until(lambda: server.metric("mmserver_requests_unavailable_total", model="slow",
+                                            reason="engine_unavailable") == 1, 10)
     assert server.unload("slow")[0] == 200
 
 

@@ -40,6 +40,26 @@ from mmserver.http.app import WORKER_HEADER
 pytestmark = pytest.mark.slow
 
 ISOLATED_SETTINGS = json.dumps({ISOLATION_KEY: ISOLATED})
+#: Segfaults on a negative input; its second load waits for a file ``gate`` in its folder
+#: (at most 60 s), so a test sees it loading again for as long as it needs.
+GATED_RELOAD_CODE = """
+    import ctypes, os, time
+
+    def model_fn(model_dir):
+        once = os.path.join(model_dir, "loaded-once")
+        if not os.path.exists(once):
+            open(once, "w").close()
+            return None
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(model_dir, "gate")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return None
+
+    def predict_fn(data, model):
+        if float(data.flatten()[0]) < 0:
+            ctypes.string_at(0)
+        return data
+"""
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +67,8 @@ def root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("isolated-models")
     write_torchscript(root / "affine")
     for name, code in (("segfault", SEGFAULT_CODE), ("killer", LOAD_KILLER_CODE),
-                       ("fragile", LOAD_KILLER_CODE), ("slow", ONE_SECOND_CODE)):
+                       ("fragile", LOAD_KILLER_CODE), ("slow", ONE_SECOND_CODE),
+                       ("gated", GATED_RELOAD_CODE)):
         write_code(root / name, code)
         (root / name / "mmserver.json").write_text(ISOLATED_SETTINGS)
     write_code(root / "typo", SEGFAULT_CODE)
@@ -118,8 +139,8 @@ def test_a_segfault_in_an_isolated_model_costs_only_that_model(server):
         assert server.request("GET", "/ping")[0] == 200
         answered = [future.result(timeout=30) for future in fine]
     for i, (status, _, body) in enumerate(answered, start=1):  # each answered, once
-        assert (status, body) == (200, [[float(i)]]) or \
-            (status, body["type"]) == (503, "EngineUnavailable"), (i, status, body)
+        assert (status, body) == (200, [[float(i)]]) or (status, body["type"]) in {
+            (503, "EngineUnavailable"), (503, "ModelStillLoading")}, (i, status, body)
 
     second = _serving_process(server, "segfault", restarts=1)
     assert second != first and not _alive(first)
@@ -138,6 +159,30 @@ def test_a_segfault_in_an_isolated_model_costs_only_that_model(server):
     assert wait_until(lambda: not _alive(second), 10)
     assert_error(server.json("GET", "/models/segfault"), 404, "ModelNotFound")
     assert _isolation_folders() == folders_before
+
+
+def test_a_model_loading_again_in_a_new_process_answers_503_with_that_reason(server, root):
+    """The request the crash cut off: engine unavailable; one that arrives while the new
+    process loads the model: still loading. Each its own type, reason in /metrics and log."""
+    assert server.load("gated", "gated")[0] == 200
+    status, _, body = _post(server, "gated", [[-1.0]])
+    assert (status, body["type"]) == (503, "EngineUnavailable"), body
+    assert wait_until(lambda: _described(server, "gated")["status"] == "loading", 30)
+    status, headers, raw = server.request("POST", "/models/gated/invoke", "[[1.0]]",
+                                          {"Content-Type": "application/json"})
+    body = assert_error((status, raw), 503, "ModelStillLoading")
+    assert "loaded again" in body["message"] and int(headers["Retry-After"]) >= 1
+    reasons = {reason: server.metric("mmserver_requests_unavailable_total", model="gated",
+                                     reason=reason)
+               for reason in ("engine_unavailable", "loading", "queue_full")}
+    assert reasons == {"engine_unavailable": 1.0, "loading": 1.0, "queue_full": 0.0}
+    assert server.metric("mmserver_requests_total", model="gated", status="503") == 2.0
+    assert "model=gated invoke answered 503 (loading)" in server.log()
+    assert "model=gated invoke answered 503 (engine_unavailable)" in server.log()
+    (root / "gated" / "gate").touch()
+    _serving_process(server, "gated", restarts=1)
+    assert _post(server, "gated", [[2.0]])[::2] == (200, [[2.0]])
+    assert server.unload("gated")[0] == 200
 
 
 def test_a_model_that_kills_its_process_as_it_loads_is_failed_not_loaded_again(server, root):

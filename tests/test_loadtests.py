@@ -25,7 +25,7 @@ if str(ROOT) not in sys.path:  # loadtests/ is a folder of the repository, not a
 pytestmark = pytest.mark.slow
 
 SCENARIOS = ["SteadyUser", "OpenLoopUser", "ManyModelsUser", "ChurnUser", "SpikeUser",
-             "OverloadUser"]
+             "OverloadUser", "SentencesUser"]
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +130,23 @@ def test_steady(scenario_server, examples, tmp_path):
     assert loaded(scenario_server) == before
 
 
+def test_sentences_of_both_lengths_are_answered_and_counted_apart(tmp_path_factory, tmp_path):
+    from mmserver.harness.examples import write_examples
+
+    root = tmp_path_factory.mktemp("text-examples")
+    write_examples(root, names=["minilm"])
+    with running_server(["--model-root", str(root), "--no-access-log"]) as server:
+        stats, _ = run_locust(server, root, tmp_path, "-u", "4", "-r", "4", "-t", "5s",
+                              "--mm-think-ms", "0", "--mm-long-fraction", "0.5",
+                              "SentencesUser")
+        assert stats["invoke minilm (short)"]["num_requests"] > 0
+        assert stats["invoke minilm (long)"]["num_requests"] > 0
+        assert failures(stats) == 0
+        assert loaded(server) == []  # the scenario unloaded the model it loaded
+        status, described = server.json("GET", "/models/minilm")
+        assert status == 404, described
+
+
 def test_open_loop_offers_its_rate(scenario_server, examples, tmp_path):
     before = loaded(scenario_server)
     stats, _ = run_locust(scenario_server, examples, tmp_path, "-u", "20", "-r", "20", "-t", "5s",
@@ -178,6 +195,21 @@ def test_overload_sheds_with_503_counted_apart(examples, tmp_path):
         assert stats["invoke resnet18 (shed 503)"]["num_requests"] > 0
         assert failures(stats) == 0
         assert loaded(server) == before
+
+
+def test_only_a_full_queues_503_is_shed():
+    """Every other 503 (an engine, a replica, a model loading again or stuck) is a failure."""
+    from loadtests._names import SHED_TYPE, is_shed
+
+    from mmserver import errors
+
+    assert SHED_TYPE == errors.QueueFull.__name__
+    assert errors.QueueFull.unavailable == errors.Unavailable.QUEUE_FULL
+    assert is_shed(503, "QueueFull")
+    for other in (errors.EngineUnavailable, errors.ReplicaUnavailable, errors.ModelStillLoading,
+                  errors.ModelUnhealthy):
+        assert not is_shed(503, other.__name__)
+    assert not is_shed(503, None) and not is_shed(500, "QueueFull")
 
 
 # -- the sweep and its plots -----------------------------------------------------------------

@@ -31,7 +31,8 @@ def post(url: str, body: bytes, content_type: str) -> tuple[int, bytes]:
 
 def test_make_serve_starts_the_examples_ready_to_invoke():
     port = free_port()
-    process = subprocess.Popen(["make", "--no-print-directory", "serve", f"PORT={port}"],
+    process = subprocess.Popen(["make", "--no-print-directory", "serve", f"PORT={port}",
+                                f"GRPC_PORT={free_port()}"],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                start_new_session=True, text=True)
     base = f"http://127.0.0.1:{port}"
@@ -42,7 +43,7 @@ def test_make_serve_starts_the_examples_ready_to_invoke():
             try:
                 with urllib.request.urlopen(base + "/models", timeout=1) as response:
                     listed = json.loads(response.read())["models"]
-                if {m["modelName"] for m in listed} >= {"digits", "resnet18", "tabular"}:
+                if {m["modelName"] for m in listed} >= {"digits", "resnet18", "tabular", "minilm"}:
                     break
             except OSError:
                 pass
@@ -70,6 +71,12 @@ def test_make_serve_starts_the_examples_ready_to_invoke():
         status, raw = post(base + "/models/tabular/invoke", json.dumps([[0.5] * 16]).encode(),
                            "application/json")
         assert status == 200 and np.array(json.loads(raw)).shape == (1, 4)
+
+        status, raw = post(base + "/models/minilm/invoke", json.dumps(["hi", "a text"]).encode(),
+                           "application/json")
+        vectors = np.array(json.loads(raw))
+        assert status == 200 and vectors.shape == (2, 384)
+        assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         output, _ = process.communicate(timeout=60)

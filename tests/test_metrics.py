@@ -22,12 +22,14 @@ def test_an_unload_removes_every_series_labelled_with_the_model_and_no_other():
 
     async def serve(name: str):
         runner = ModelRunner(torch.nn.Identity(), name=name)
-        model = types.SimpleNamespace(name=name, memory_bytes=1024, runner=runner)
+        model = types.SimpleNamespace(  # a served model declares its series (mmserver.served)
+            name=name, export_metrics=lambda metrics: metrics.runner_loaded(name, 1024, runner))
         metrics.model_loaded(model)
         async with runner:
             await runner.submit(torch.ones(1, 2))
         metrics.request_done(name, 200, 0.002)
         metrics.request_done(name, 500, 0.003)
+        metrics.request_done(name, 503, 0.001, "queue_full")
         return model
 
     async def main():
@@ -35,7 +37,7 @@ def test_an_unload_removes_every_series_labelled_with_the_model_and_no_other():
 
     gone, _ = asyncio.run(main())
     before = families_with(metrics, "gone")
-    assert len(before) == 9, before  # every per-model metric of Metrics has a series
+    assert len(before) == 11, before  # every per-model metric of Metrics has a series
     metrics.model_unloaded(gone)
     assert families_with(metrics, "gone") == set()
     assert families_with(metrics, "stays") == before

@@ -38,7 +38,8 @@ def test_an_unknown_key_is_refused_with_the_keys_there_are(tmp_path):
     assert str(raised.value) == (f"mmserver.json: unknown keys ['max_batchsize']; known: "
                                  f"{sorted(KEYS)}")
     assert {"max_batch_size", "max_wait_ms", "max_queue_size", "policy", "batch_sizing",
-            "instances", "row_wise", "thread_safe", "inputs", "outputs", "isolation"} == KEYS
+            "instances", "row_wise", "thread_safe", "inputs", "outputs", "isolation",
+            "max_batch_tokens", "text"} == KEYS
 
 
 @pytest.mark.parametrize("text, message", [

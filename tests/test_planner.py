@@ -107,3 +107,50 @@ def test_a_planner_concatenates_unless_told_not_to():
     default = BatchPlanner(policy="greedy", max_batch_size=8, max_wait=0.010)
     assert default.plan(queue, now=1.0).take == (0, 1, 2)
     assert planner("greedy", concatenate=False).plan(queue, now=1.0).take == (0,)
+
+
+# -- the token budget (text models: rows of different lengths) ---------------------------
+
+
+@dataclasses.dataclass
+class Sentences:
+    rows: int
+    longest: int
+    arrival: float = 1.0
+    key: str = "sequences"
+
+
+def token_planner(policy="timer", max_batch_size=64, max_batch_tokens=100) -> BatchPlanner:
+    return BatchPlanner(policy=policy, max_batch_size=max_batch_size, max_wait=0.010,
+                        max_batch_tokens=max_batch_tokens)
+
+
+def test_a_batch_holds_at_most_the_token_budget_padded_to_its_longest():
+    # 2 rows of 10 tokens, then 1 of 30: 3 x 30 = 90 fits; 2 more rows would make 5 x 30 = 150,
+    # and 1 more 4 x 30 = 120, so the batch is full at once, without waiting.
+    queue = [Sentences(2, 10), Sentences(1, 30), Sentences(2, 5), Sentences(1, 4)]
+    assert token_planner().plan(queue, now=1.0) == Plan(take=(0, 1))
+
+
+def test_short_rows_join_while_the_padded_batch_fits():
+    queue = [Sentences(1, 20), Sentences(3, 20), Sentences(1, 50), Sentences(1, 10)]
+    # 4 x 20 = 80; the 50-token row would make 5 x 50; the 10-token row makes 5 x 20 = 100.
+    assert token_planner().plan(queue, now=1.0) == Plan(take=(0, 1, 3))
+
+
+def test_a_request_over_the_token_budget_runs_alone_at_once():
+    queue = [Sentences(4, 40), Sentences(1, 3)]
+    for policy in ("timer", "greedy"):
+        assert token_planner(policy).plan(queue, now=1.0) == Plan(take=(0,))
+
+
+def test_a_batch_that_reaches_the_token_budget_does_not_wait_for_company():
+    assert token_planner("timer").plan([Sentences(2, 50)], now=1.0) == Plan(take=(0,))
+    assert token_planner("timer").plan([Sentences(2, 49)], now=1.0).wait == pytest.approx(0.010)
+
+
+def test_without_a_token_budget_lengths_do_not_matter():
+    queue = [Sentences(2, 400), Sentences(3, 500)]
+    assert token_planner(max_batch_tokens=0).plan(queue, now=1.0).take == ()
+    assert token_planner(max_batch_tokens=0, max_batch_size=5).plan(queue, now=1.0) == \
+        Plan(take=(0, 1))

@@ -1,21 +1,35 @@
-"""The requirements cache on its own: one pip per file, shared, killed, retried, removed.
+"""The requirements cache on its own: one pip per file, shared, killed, retried, removed;
+and the rule and the path of the process a model with packages runs in.
 
 pip is replaced by a stand-in that writes the folder and waits for the test's word, so
 each interleaving (two loads of one file, a load that gives up, a failure, a load that
 arrives while the folder is being removed) is set up exactly and runs in milliseconds.
-``tests/test_toolkit_compat.py`` runs the real pip through a real server.
+``tests/test_toolkit_compat.py`` runs the real pip through a real server, and
+``tests/test_requirements_process.py`` the models' processes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import hashlib
+import importlib
+import sys
 
 import pytest
 
-from mmserver.handler import requirements
+from mmserver.config import Settings
 from mmserver.errors import InvalidModelArtifact
-from mmserver.handler.requirements import RequirementsCache, installed_module_names
+from mmserver.handler import requirements
+from mmserver.handler.requirements import (
+    RequirementsCache,
+    given_for,
+    installed_module_names,
+    needs_own_process,
+    put_first_on_path,
+    take_installed,
+)
 
 
 def run(coro, timeout: float = 10):
@@ -225,3 +239,45 @@ def test_installed_names_come_from_the_records(tmp_path):
         "../../bin/tool,sha256=x,1", "bin/tool,sha256=x,1", "__pycache__/solo.pyc,,",
         "demo-1.0.dist-info/RECORD,,", "extra.pth,sha256=x,1", ""]))
     assert installed_module_names(tmp_path) == {"demo", "solo", "fast", "space"}
+
+
+# -- the process a model with packages runs in ------------------------------------------------
+
+
+def test_a_folder_with_requirements_needs_a_process_of_its_own_while_installing_is_on(tmp_path):
+    on, off = Settings(), dataclasses.replace(Settings(), install_requirements=False)
+    (tmp_path / "code").mkdir()
+    assert not needs_own_process(tmp_path, on)
+    (tmp_path / "code" / "requirements.txt").write_text("something==1.0\n")
+    assert needs_own_process(tmp_path, on)
+    assert not needs_own_process(tmp_path, off)  # nothing installed: nothing to keep apart
+
+
+def test_the_folder_goes_first_on_the_path_and_already_imported_names_are_reported(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(requirements, "_on_path", {})
+    folder = tmp_path / ("f" * 64)
+    (folder / "mmserver_fresh_pkg").mkdir(parents=True)
+    (folder / "mmserver_fresh_pkg" / "__init__.py").write_text("WHERE = 'the folder'\n")
+    record = folder / "fresh-1.0.dist-info" / "RECORD"
+    record.parent.mkdir()
+    record.write_text("mmserver_fresh_pkg/__init__.py,,\njson/__init__.py,,\n")
+    try:
+        assert put_first_on_path(folder) == {"json"}  # the server's json stays the server's
+        assert sys.path[0] == str(folder)
+        assert importlib.import_module("mmserver_fresh_pkg").WHERE == "the folder"
+        assert put_first_on_path(folder) == frozenset() and sys.path.count(str(folder)) == 1
+    finally:
+        sys.modules.pop("mmserver_fresh_pkg", None)
+
+
+def test_a_process_given_a_folder_uses_it_for_that_file_only(tmp_path, monkeypatch,
+                                                             requirements_file):
+    monkeypatch.setattr(requirements, "_given", {})
+    digest = hashlib.sha256(requirements_file.read_bytes()).hexdigest()
+    assert given_for(requirements_file) is None
+    take_installed(tmp_path / digest)
+    assert given_for(requirements_file) == tmp_path / digest
+    requirements_file.write_text("something==2.0\n")  # changed since: installed here afresh
+    assert given_for(requirements_file) is None

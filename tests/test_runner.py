@@ -274,7 +274,7 @@ def test_stop_does_not_wait_for_a_stuck_call_and_answers_what_was_queued():
         slot = runner.reserve()  # admitted before the call got stuck
         with pytest.raises(InvocationTimeout):
             await runner.submit(row(0.0))
-        waiting = asyncio.create_task(slot.submit(row(1.0)))
+        waiting = asyncio.ensure_future(slot.submit(row(1.0)))
         await asyncio.sleep(0)
         assert runner.queue_depth == 1  # queued behind the stuck instance
         await asyncio.wait_for(runner.stop(), GATE_SECONDS)
@@ -378,10 +378,10 @@ def test_a_batch_our_own_code_fails_to_run_is_still_answered(monkeypatch):
     """A bug of ours in running a batch (not the model's error) leaves nobody waiting."""
     from mmserver.batching import BatchExecutor
 
-    async def broken(self, batch):
+    def broken(self, flight, result, error):
         raise RuntimeError("a bug in the executor")
 
-    monkeypatch.setattr(BatchExecutor, "run", broken)
+    monkeypatch.setattr(BatchExecutor, "_arrived", broken)
 
     async def main():
         settings = BatchSettings(max_batch_size=2, max_wait=GATE_SECONDS, policy="timer",
@@ -671,21 +671,26 @@ def test_a_reserved_slot_submits_with_its_deadline():
 
 def test_enqueued_requests_answer_on_their_futures_and_a_withdrawn_one_never_runs():
     """The engine's path for its HTTP workers' rows: queued without a coroutine each."""
+    def enqueue(runner, data, deadline=None):
+        slot = runner.reserve()
+        slot.submit(data, deadline=deadline)
+        return slot
+
     model = Held()
 
     async def main():
         settings = BatchSettings(max_batch_size=4, max_wait=0)
         async with ModelRunner(model, settings) as runner:
-            first = runner.enqueue(row(0.0))
+            first = enqueue(runner, row(0.0))
             await model.wait_entered()
-            kept, withdrawn = runner.enqueue(row(1.0)), runner.enqueue(row(2.0))
+            kept, withdrawn = enqueue(runner, row(1.0)), enqueue(runner, row(2.0))
             assert runner.queue_depth == 2
-            runner.withdraw(withdrawn)
+            withdrawn.withdraw()
             assert runner.queue_depth == 1 and withdrawn.future.cancelled()
             model.release.set()
             assert torch.equal(await first.future, row(1.0))
             assert torch.equal(await kept.future, row(3.0))
-            runner.withdraw(kept)  # after its answer: nothing changes
+            kept.withdraw()  # after its answer: nothing changes
             assert not kept.future.cancelled()
             return runner.stats
 
@@ -701,16 +706,17 @@ def test_an_enqueued_request_past_its_deadline_is_answered_and_leaves_the_queue(
     async def main():
         settings = BatchSettings(max_batch_size=1, max_wait=0)
         async with ModelRunner(model, settings, name="m") as runner:
-            first = runner.enqueue(row(0.0))
+            first = runner.reserve().submit(row(0.0))
             await model.wait_entered()
-            late = runner.enqueue(row(1.0), asyncio.get_running_loop().time() + 0.01)
+            late = runner.reserve().submit(row(1.0),
+                                           deadline=asyncio.get_running_loop().time() + 0.01)
             with pytest.raises(InvocationTimeout, match="before the request's deadline"):
-                await asyncio.wait_for(late.future, GATE_SECONDS)
+                await asyncio.wait_for(late, GATE_SECONDS)
             assert runner.queue_depth == 0
             model.release.set()
-            await first.future
+            await first
         with pytest.raises(RunnerClosed):
-            runner.enqueue(row(2.0))
+            runner.reserve()
 
     run(main())
     assert model.calls == [[0.0]]
@@ -726,21 +732,105 @@ def test_admission_changes_are_reported_once_per_change_of_kind():
         async with ModelRunner(model, settings, name="m") as runner:
             runner.watch_admission(reports.append)
             assert runner.refusal() is None
-            first = runner.enqueue(row(0.0))
+            first = runner.reserve().submit(row(0.0))
             await model.wait_entered()
-            queued = [runner.enqueue(row(1.0)), runner.enqueue(row(2.0))]
+            queued = [runner.reserve(), runner.reserve()]
+            queued[0].submit(row(1.0))
+            queued[1].submit(row(2.0))
             await asyncio.sleep(0)
             assert [type(r) for r in reports] == [QueueFull]  # one report for two changes
             assert str(reports[0]) == "model 'm' has 2 requests queued (max_queue_size=2)"
             assert runner.stats.requests_rejected == 0  # refusal() only looks
-            runner.enqueue(row(3.0)).future.cancel()  # past the limit, the kind stays
+            queued.pop().withdraw()  # room for one, then full again in the same turn:
+            queued.append(runner.reserve())  # the kind stays
+            queued[-1].submit(row(3.0))
             await asyncio.sleep(0)
             assert len(reports) == 1
             model.release.set()
-            await asyncio.gather(first.future, *(r.future for r in queued))
+            await asyncio.gather(first, *(r.future for r in queued))
             await until(lambda: len(reports) == 2)
             assert reports[1] is None and runner.refusal() is None
         await asyncio.sleep(0)
         assert type(reports[-1]) is RunnerClosed and len(reports) == 3
 
     run(main())
+
+
+def test_the_next_call_starts_before_the_last_batchs_answers_are_written():
+    """The device never waits on our answers: the next batch is in the worker thread (queued
+    behind the running call when it is full, else handed over by the callback that brings
+    the call's result) before that result's answers are written. Each caller sees, the
+    moment its answer is written, that the runner has already started the call after its own."""
+    model = Held()
+    records, calls_started_at_answer = [], []
+
+    async def main():
+        settings = BatchSettings(max_batch_size=1, max_wait=0)
+        async with ModelRunner(model, settings) as runner:
+            runner.add_listener(records.append)
+            futures = [runner.reserve().submit(row(float(i))) for i in range(3)]
+            for future in futures:
+                future.add_done_callback(lambda _: calls_started_at_answer.append(
+                    runner.instances.calls_started))
+            await model.wait_entered()  # the first call is in the model, two are queued
+            model.release.set()
+            return await asyncio.gather(*futures)
+
+    answers = run(main())
+    assert [a[0, 0].item() for a in answers] == [1.0, 3.0, 5.0]
+    assert model.calls == [[0.0], [1.0], [2.0]]
+    assert calls_started_at_answer[0] >= 2 and calls_started_at_answer[1] == 3
+    assert [r.next_call_started for r in records] == [True, True, False]
+
+
+def test_a_batch_waiting_behind_a_running_call_counts_that_wait_as_queue_time():
+    """A full batch handed to the worker thread while the call ahead still runs starts when
+    that call ends: its requests' wait there is queue time and its call time is its own, as
+    Triton counts them (``queue`` to the start of the call, ``compute_infer`` the call), not the
+    two calls together."""
+    model = Held()
+    records, requests = [], []
+    hold_s = 0.2
+
+    async def main():
+        settings = BatchSettings(max_batch_size=1, max_wait=0)
+        async with ModelRunner(model, settings) as runner:
+            runner.add_listener(records.append)
+            slots = [runner.reserve() for _ in range(2)]
+            futures = [slot.submit(row(float(i))) for i, slot in enumerate(slots)]
+            await model.wait_entered()  # the first call runs; the second waits behind it
+            await asyncio.sleep(hold_s)  # the call ahead lasts at least this long
+            model.release.set()
+            await asyncio.gather(*futures)
+            requests.extend(slot.queued for slot in slots)
+
+    run(main())
+    behind = records[1]
+    assert behind.queue_wait_seconds[0] >= hold_s * 0.9, behind
+    assert behind.compute_seconds < hold_s / 2, behind
+    assert requests[1].started - requests[1].arrival >= hold_s * 0.9
+    assert requests[1].ended - requests[1].started < hold_s / 2
+
+
+def test_a_full_batch_queued_behind_a_call_that_gets_stuck_runs_once_it_can():
+    """A full batch waits in the instance's worker thread behind the running call; when that
+    call outlives ``call_timeout``, the waiting batch goes back to the queue (it would wait
+    for the stuck call), and runs, once, when the instance can work again."""
+    model = Held()
+
+    async def main():
+        settings = BatchSettings(max_batch_size=1, max_wait=0)
+        async with ModelRunner(model, settings, name="m", call_timeout=0.05) as runner:
+            first = runner.reserve().submit(row(0.0))
+            behind = runner.reserve().submit(row(1.0))
+            await model.wait_entered()
+            assert runner.queue_depth == 1  # admitted, not running: in the thread's queue
+            with pytest.raises(InvocationTimeout):
+                await asyncio.wait_for(first, GATE_SECONDS)
+            assert runner.queue_depth == 1 and not behind.done()
+            assert runner.instances.in_flight() == []  # back in the runner's queue
+            model.release.set()
+            return await asyncio.wait_for(behind, GATE_SECONDS)
+
+    assert torch.equal(run(main()), row(3.0))
+    assert model.calls == [[0.0], [1.0]]

@@ -79,6 +79,10 @@ def test_a_full_queue_answers_503_with_retry_after(model_root):
                 assert_error((status, raw), 503, "QueueFull")
                 assert int(headers["Retry-After"]) >= 1
         assert server.invoke("slow", [[0.015625]]) == (200, [[1.03125]])
+        shed = statuses.count(503)  # each counted as shed, under its reason, beside its status
+        assert server.metric("mmserver_requests_unavailable_total", model="slow",
+                             reason="queue_full") == shed
+        assert server.metric("mmserver_requests_total", model="slow", status="503") == shed
 
 
 def test_out_of_memory_batches_are_retried_smaller_then_507(server, model_root):

@@ -457,15 +457,17 @@ NEEDS_NOTHING = """
 
 
 def write_wheel(folder: Path, project: str, files: dict[str, str], version: str = "1.0",
-                entry_points: str | None = None) -> Path:
-    """A pure-Python wheel of ``files``, its RECORD hashed as pip checks it."""
+                entry_points: str | None = None, requires: tuple[str, ...] = ()) -> Path:
+    """A pure-Python wheel of ``files``, its RECORD hashed as pip checks it; ``requires``:
+    the projects pip must install with it."""
     stem = f"{project.replace('-', '_')}-{version}"
     dist_info = f"{stem}.dist-info"
     if entry_points is not None:
         files = {**files, f"{dist_info}/entry_points.txt": entry_points}
     files = {**files,
              f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {project}\n"
-                                      f"Version: {version}\n",
+                                      f"Version: {version}\n"
+                                      + "".join(f"Requires-Dist: {r}\n" for r in requires),
              f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: mmserver-tests\n"
                                    "Root-Is-Purelib: true\nTag: py3-none-any\n"}
     record = []
@@ -598,8 +600,8 @@ def test_a_package_the_server_has_imported_stays_the_servers(pip_root):
         assert server.load("fake_numpy", models / "fake_numpy")[0] == 200
         status, _, raw = post(server, "fake_numpy", b"{}")
         assert (status, json.loads(raw)) == (200, {"fake": False, "mean": 1.5, "scaled": [3]})
-        assert (f"{models / 'fake_numpy'}: code/requirements.txt installed numpy, which the "
-                "server has already imported; the model uses the server's") in server.log()
+        assert ("model=fake_numpy code/requirements.txt installed numpy, which this process "
+                "had already imported; the model uses the modules imported") in server.log()
 
 
 def test_a_models_installed_distributions_answer_importlib_metadata_for_it_alone(pip_root):

@@ -19,7 +19,8 @@ The knobs, fields of :class:`BatchSettings` (each per runner, so per model):
     0 means never wait for company. It adds at most ``max_wait`` to the
     latency of a request that arrives at a quiet moment.
 ``max_queue_size`` (default 256, requests)
-    Requests admitted but not yet taken into a batch. When it is full,
+    Requests admitted but not yet running (queued, being decoded, or in a full
+    batch waiting behind the running call). When it is full,
     :meth:`ModelRunner.reserve` and :meth:`ModelRunner.submit` raise
     :class:`QueueFull` at once, before any work is done for that request, so
     an overloaded server sheds load instead of growing an unbounded backlog.
@@ -46,7 +47,10 @@ Which requests form the next batch, and how long to wait, is decided by a
 clock, so the policy can be read, tested and changed on its own. A formed batch
 is run by a :class:`BatchExecutor` (``execution.py``): the worker thread,
 per-request failure isolation and the stuck-call watchdog. The runner
-(``runner.py``) is the queue, admission, deadlines and the loop between them.
+(``runner.py``) ties them together: one way in (:meth:`ModelRunner.reserve`, a
+:class:`Reservation`), the queue (``pending.py``), admission (``admission.py``) and the
+batching step, which the callback bringing a call's result takes before it writes that
+batch's answers, so the next call never waits on them.
 
 Guarantees, whatever the policy:
 

@@ -11,8 +11,10 @@ The rules (see ``mmserver.batching`` for the knobs):
 
 * The oldest queued request leads; only requests with the same batch key
   (shape beyond dimension 0, dtype, device, structure) join it, in arrival
-  order, while their rows fit in ``max_batch_size``. A request larger than
-  ``max_batch_size`` runs alone.
+  order, while their rows fit in ``max_batch_size`` and, for a text model's
+  rows (``sequences.py``), while the batch padded to its longest row holds at
+  most ``max_batch_tokens`` tokens (rows x longest). A request larger than
+  either budget runs alone (never split, never refused, never waiting).
 * ``timer`` (the book's rule): run when the compatible rows fill a batch or the
   oldest has waited ``max_wait``.
 * ``greedy``: run as soon as the model is free, unless requests are *on their
@@ -32,6 +34,8 @@ import dataclasses
 from collections.abc import Hashable, Sequence
 from typing import Protocol
 
+from mmserver.batching.sequences import padded_tokens
+
 
 class Pending(Protocol):
     """What the planner needs to know of a queued request."""
@@ -39,6 +43,9 @@ class Pending(Protocol):
     rows: int
     key: Hashable
     arrival: float
+    #: The longest row, in tokens (0 for rows that are not token sequences); read only
+    #: under a token budget (``max_batch_tokens``).
+    longest: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +54,8 @@ class Plan:
 
     take: tuple[int, ...] = ()
     wait: float | None = None
+    #: ``take`` fills a batch (nothing to gain by waiting): worth queueing behind a running call.
+    full: bool = dataclasses.field(default=False, compare=False)
 
 
 WAIT_FOR_NEWS = Plan()
@@ -54,11 +63,20 @@ WAIT_FOR_NEWS = Plan()
 
 class BatchPlanner:
     def __init__(self, *, policy: str, max_batch_size: int, max_wait: float,
-                 concatenate: bool = True):
+                 concatenate: bool = True, max_batch_tokens: int = 0):
         self.policy = policy
         self.max_batch_size = max_batch_size
+        #: 0: no token budget.
+        self.max_batch_tokens = max_batch_tokens
         self.max_wait = max_wait
         self.concatenate = concatenate
+
+    @classmethod
+    def for_settings(cls, settings, concatenate: bool = True) -> BatchPlanner:
+        """The planner of a runner with these knobs (a ``BatchSettings``)."""
+        return cls(policy=settings.policy, max_batch_size=settings.max_batch_size,
+                   max_wait=settings.max_wait, concatenate=concatenate,
+                   max_batch_tokens=settings.max_batch_tokens)
 
     def plan(self, queue: Sequence[Pending], *, now: float, on_the_way: int = 0,
              closing: bool = False, batch_size: int | None = None) -> Plan:
@@ -75,10 +93,10 @@ class BatchPlanner:
         limit = self.max_batch_size if batch_size is None else min(batch_size,
                                                                    self.max_batch_size)
         batch = self.compatible(queue, limit)
-        full = sum(queue[i].rows for i in batch) >= limit or (
+        full = sum(queue[i].rows for i in batch) >= limit or self._tokens_full(queue, batch) or (
             len(batch) < len(queue) and self._next_would_overflow(queue, batch))
         if closing or full:
-            return Plan(take=batch)
+            return Plan(take=batch, full=full)
         if self.policy == "greedy" and on_the_way == 0:
             return Plan(take=batch)
         remaining = self.max_wait - (now - queue[0].arrival)
@@ -90,12 +108,27 @@ class BatchPlanner:
         """Positions of the requests that would run with the oldest, up to ``limit`` rows."""
         oldest = queue[0]
         taken, rows = [0], oldest.rows
+        budget = self.max_batch_tokens
+        longest = oldest.longest if budget else 0
         for position in range(1, len(queue)):
             request = queue[position]
-            if request.key == oldest.key and rows + request.rows <= limit:
-                taken.append(position)
-                rows += request.rows
+            if request.key != oldest.key or rows + request.rows > limit:
+                continue
+            if budget:
+                if padded_tokens(rows + request.rows, max(longest, request.longest)) > budget:
+                    continue
+                longest = max(longest, request.longest)
+            taken.append(position)
+            rows += request.rows
         return tuple(taken)
+
+    def _tokens_full(self, queue: Sequence[Pending], batch: tuple[int, ...]) -> bool:
+        """The batch's padded tokens reach the budget: no request could join it."""
+        if not self.max_batch_tokens:
+            return False
+        rows = sum(queue[i].rows for i in batch)
+        longest = max(queue[i].longest for i in batch)
+        return padded_tokens(rows, longest) >= self.max_batch_tokens
 
     def _next_would_overflow(self, queue: Sequence[Pending], batch: tuple[int, ...]) -> bool:
         """A compatible request is queued that does not fit: waiting longer cannot help."""

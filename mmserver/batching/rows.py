@@ -6,6 +6,10 @@ returns: ``input_ids`` and ``attention_mask``). Two inputs can share a batch
 when their *batch keys* are equal: same structure, and for every tensor the
 same shape beyond dimension 0, dtype and device. The model's output is cut
 back the same way, one piece of rows per request.
+
+Token sequences (``sequences.Sequences``, a text model's rows) are rows of
+different lengths: they all share one batch key, and concatenating them is
+collation, which pads them to the batch's longest.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 
 import torch
 
+from mmserver.batching.sequences import Sequences, collate
 from mmserver.errors import ModelError
 
 
@@ -33,6 +38,8 @@ def rows_of(data: Any) -> int:
     """Dimension 0, which every tensor of the input must share."""
     if isinstance(data, torch.Tensor) and data.dim() > 0:  # the common case, checked cheaply
         return data.shape[0]
+    if isinstance(data, Sequences):
+        return len(data)
     sizes = set()
     for leaf in leaves(data):
         if leaf.dim() == 0:
@@ -47,13 +54,20 @@ def batch_key(data: Any) -> Any:
     """Inputs with equal keys can be concatenated along dimension 0."""
     if isinstance(data, torch.Tensor):
         return (tuple(data.shape[1:]), data.dtype, data.device)
+    if isinstance(data, Sequences):
+        return ("sequences", data.pad_id)
     if isinstance(data, Mapping):
         return ("dict", tuple((k, batch_key(v)) for k, v in data.items()))
     return (type(data).__name__, tuple(batch_key(v) for v in data))
 
 
 def concatenate(inputs: list[Any]) -> Any:
+    """The batch of ``inputs`` (one request's input as it is, unless it must be collated)."""
     first = inputs[0]
+    if isinstance(first, Sequences):
+        return collate(inputs)
+    if len(inputs) == 1:
+        return first
     if isinstance(first, torch.Tensor):
         return torch.cat(inputs, dim=0)
     if isinstance(first, Mapping):
@@ -90,3 +104,14 @@ def split_rows(output: Any, sizes: Sequence[int]) -> list[Any]:
         f"the model returned {type(output).__name__}; expected a tensor "
         "(or a tuple, list or dict of tensors) with one row per input row"
     )
+
+
+def parameters_device(model: Any) -> torch.device | None:
+    """Where a module's parameters are (where its batches go); None for a plain function."""
+    parameters = getattr(model, "parameters", None)
+    if callable(parameters):
+        try:
+            return next(iter(parameters())).device
+        except (StopIteration, TypeError, RuntimeError):
+            pass
+    return None

@@ -83,6 +83,8 @@ class BatchSettings:
     policy: str = "greedy"
     batch_sizing: str = "max"
     instances: int = 1
+    #: A text model's bound on a call's padded tokens (rows x longest row); 0: none.
+    max_batch_tokens: int = 0
 
     def __post_init__(self):
         for knob in KNOBS:
@@ -111,11 +113,14 @@ class BatchSettings:
 KNOBS = (
     Knob("max_batch_size", "max_batch_size", "MMSERVER_MAX_BATCH_SIZE", "rows",
          "the most rows one model call sees", int, minimum=1),
+    Knob("max_batch_tokens", "max_batch_tokens", "MMSERVER_MAX_BATCH_TOKENS", "tokens",
+         "for a text model, the most padded tokens (rows x longest row) one model call sees; "
+         "a longer request runs alone; 0: no token budget", int, minimum=0),
     Knob("max_wait", "max_wait_ms", "MMSERVER_MAX_WAIT_MS", "ms",
          "how long the oldest queued request may wait for company", float, edge_per_field=1000,
          minimum=0, field_unit="seconds"),
     Knob("max_queue_size", "max_queue_size", "MMSERVER_MAX_QUEUE_SIZE", "requests",
-         "requests admitted and not yet in a batch; past it, 503", int, minimum=1),
+         "requests admitted and not yet running; past it, 503", int, minimum=1),
     Knob("policy", "policy", "MMSERVER_BATCH_POLICY", "",
          "when a batch runs: greedy (when the model is idle) or timer (the book's rule)", str,
          choices=POLICIES),

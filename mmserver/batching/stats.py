@@ -11,6 +11,10 @@ import collections
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
+from typing import Any
+
+from mmserver.batching.sequences import padded_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +30,66 @@ class BatchRecord:
     #: with a result, and over those it answered with an error.
     completed_seconds: float = 0.0
     failed_seconds: float = 0.0
+    #: A later call of the model was already running (or queued in its worker thread) when
+    #: this batch's answers were written: the device did not wait on them.
+    next_call_started: bool = False
+    #: A text model's call (``sequences.py``): the rows' own tokens, and the tokens of the
+    #: padded batch the model ran (rows x longest row); 0 for rows of one fixed shape.
+    real_tokens: int = 0
+    padded_tokens: int = 0
+
+
+def batch_record(taken: Sequence[Any], started: float, now: float,
+                 next_call_started: bool) -> BatchRecord | None:
+    """The record of a model call from ``started`` to ``now`` on the loop's clock, over the
+    requests of ``taken`` (queued requests, every one answered) that reached it (``ran``: a
+    request withdrawn while its batch waited behind another call never did); None when none
+    did, as no call was made."""
+    batch = [r for r in taken if r.ran]
+    if not batch:
+        return None
+    answered = [r for r in batch if not r.future.cancelled()]
+    failed = [r for r in answered if r.future.exception() is not None]
+    completed = [r for r in answered if r.future.exception() is None]
+    return BatchRecord(
+        rows=sum(r.rows for r in batch), requests=len(batch),
+        queue_wait_seconds=tuple(started - r.arrival for r in batch),
+        compute_seconds=now - started, failed_requests=len(failed),
+        completed_seconds=sum(now - r.arrival for r in completed),
+        failed_seconds=sum(now - r.arrival for r in failed),
+        next_call_started=next_call_started,
+        real_tokens=sum(r.tokens for r in batch),
+        padded_tokens=padded_tokens(sum(r.rows for r in batch),
+                                    max((r.longest for r in batch), default=0)))
+
+
+#: The stages of a request answered with a result, as Triton's statistics name them.
+STAGES = ("success", "queue", "compute_input", "compute_infer", "compute_output")
+
+
+@dataclasses.dataclass
+class RequestStages:
+    """Requests answered with a result, once their answer is encoded, and their seconds per
+    stage, summed (Triton's ``inference_stats``; docs/design.md section 10). One :meth:`add`
+    per request moves every count together, so a reader between two requests (perf_analyzer
+    reads before and after its window) always sees the counts equal, as Triton's are."""
+
+    count: int = 0
+    #: Seconds summed per stage of :data:`STAGES`, in that order.
+    seconds: list[float] = dataclasses.field(default_factory=lambda: [0.0] * len(STAGES))
+
+    def add(self, success: float, queue: float, compute_input: float, compute_infer: float,
+            compute_output: float) -> None:
+        self.count += 1
+        totals = self.seconds
+        totals[0] += success
+        totals[1] += queue
+        totals[2] += compute_input
+        totals[3] += compute_infer
+        totals[4] += compute_output
+
+    def by_stage(self) -> dict[str, float]:
+        return dict(zip(STAGES, self.seconds))
 
 
 @dataclasses.dataclass
@@ -57,6 +121,12 @@ class RunnerStats:
     failed_seconds_total: float = 0.0
     #: When the last model call ended, in seconds since the epoch (0 before the first).
     last_batch_unix: float = 0.0
+    #: A text model's tokens over its calls: its rows' own, and what the padded batches held.
+    real_tokens_total: int = 0
+    padded_tokens_total: int = 0
+    #: Requests answered with a result and encoded, per stage: recorded by whoever encodes
+    #: the answer (the pipeline here, or an HTTP worker through the engine).
+    stages: RequestStages = dataclasses.field(default_factory=RequestStages)
 
     def add(self, record: BatchRecord) -> None:
         self.batches += 1
@@ -70,7 +140,17 @@ class RunnerStats:
         self.requests_failed_in_calls += record.failed_requests
         self.completed_seconds_total += record.completed_seconds
         self.failed_seconds_total += record.failed_seconds
+        self.real_tokens_total += record.real_tokens
+        self.padded_tokens_total += record.padded_tokens
         self.last_batch_unix = time.time()
+
+    @property
+    def padding_efficiency(self) -> float | None:
+        """Real tokens / padded tokens over every call (1: no padding); None before a text
+        model's first call, or for a model whose rows are not token sequences."""
+        if not self.padded_tokens_total:
+            return None
+        return self.real_tokens_total / self.padded_tokens_total
 
     @property
     def requests_in_flight(self) -> int:

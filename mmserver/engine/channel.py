@@ -1,10 +1,13 @@
 """Messages between an HTTP worker and the engine: length-prefixed pickles on a Unix socket.
 
-A message is any picklable value; the two ends agree on its shape (``client`` and
-``engine``). :meth:`Channel.send` never blocks: messages sent in one turn of the event
-loop are written together at its end, and every message a read brings is handed over in
-one list (:attr:`Channel.on_messages`), so a burst of requests costs each end one wake-up,
-not one per request. A channel is an asyncio protocol, not a stream: no coroutine runs
+A message is one of ``messages``' kinds, crossing as its compact tuple
+(:func:`~mmserver.engine.messages.encode`); what arrives is decoded back into its kind, and
+anything that is not a message of the protocol
+(:class:`~mmserver.engine.messages.ProtocolError`) ends the connection, with the reason in
+the log. :meth:`Channel.send` never blocks: messages sent in one turn of the event loop are
+written together at its end, and every message a read brings is handed over in one list
+(:attr:`Channel.on_messages`), so a burst of requests costs each end one wake-up, not one
+per request. A channel is an asyncio protocol, not a stream: no coroutine runs
 per message.
 
 Tensors do not ride in the messages: each connection has two shared-memory arenas
@@ -26,6 +29,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from mmserver.engine.messages import ProtocolError, decode, encode
 from mmserver.engine.shared import Arena, shared_memory_supported
 
 log = logging.getLogger(__name__)
@@ -45,7 +49,8 @@ class Channel(asyncio.Protocol):
 
     ``outgoing`` is the arena this end writes tensors into, ``incoming`` the one it reads
     them from (None without shared memory: tensors then travel inside the messages).
-    :attr:`lost` is done once the connection has ended.
+    :attr:`lost` is done once the connection has ended. ``on_messages`` raises
+    :class:`~mmserver.engine.messages.ProtocolError` for a kind its end never receives.
     """
 
     def __init__(self, on_messages: Callable[[list], None], outgoing: Arena | None = None,
@@ -57,22 +62,42 @@ class Channel(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._pending: list[bytes] = []
+        #: Per kind, the items :meth:`gather` queued this turn.
+        self._gathered: dict[type, list] = {}
 
     # -- sending ---------------------------------------------------------------------------
 
     def send(self, message: Any) -> None:
         """Queue ``message``; it leaves with the others sent in this turn of the loop."""
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        if not self._pending and not self._gathered:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._queue(message)
+
+    def gather(self, kind: type, item: Any) -> None:
+        """Queue ``item`` for the one ``kind(items)`` message that leaves at the end of this
+        turn: notices a burst of answers makes (``Free``, ``Count``) cost the peer one
+        message to read, not one each."""
+        items = self._gathered.get(kind)
+        if items is None:
+            if not self._pending and not self._gathered:
+                asyncio.get_running_loop().call_soon(self._flush)
+            items = self._gathered[kind] = []
+        items.append(item)
+
+    def _queue(self, message: Any) -> None:
+        data = pickle.dumps(encode(message), protocol=pickle.HIGHEST_PROTOCOL)
         if len(data) >= MAX_MESSAGE_BYTES:
             raise ValueError(f"a message of {len(data)} bytes is over the channel's limit")
-        if not self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
         self._pending.append(_LENGTH.pack(len(data)))
         self._pending.append(data)
 
     def _flush(self) -> None:
+        if self._gathered:
+            gathered, self._gathered = self._gathered, {}
+            for kind, items in gathered.items():
+                self._queue(kind(tuple(items)))
         pending, self._pending = self._pending, []
-        if self.transport is not None and not self.transport.is_closing():
+        if pending and self.transport is not None and not self.transport.is_closing():
             self.transport.writelines(pending)
 
     def close(self) -> None:
@@ -94,13 +119,18 @@ class Channel(asyncio.Protocol):
         if buffer:
             buffer += data
             data = buffer
-        messages, used = _messages(data)
-        if data is buffer:
-            del buffer[:used]
-        elif used < len(data):
-            buffer += data[used:]
-        if messages:
-            self.on_messages(messages)
+        try:
+            messages, used = _messages(data)
+            if data is buffer:
+                del buffer[:used]
+            elif used < len(data):
+                buffer += data[used:]
+            if messages:
+                self.on_messages(messages)
+        except ProtocolError as error:
+            log.error("closing a connection to an engine: %s", error)
+            buffer.clear()
+            self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         for arena in (self.outgoing, self.incoming):
@@ -119,7 +149,11 @@ def _messages(data: bytes | bytearray) -> tuple[list, int]:
             if end - start - _LENGTH.size < length:
                 break
             start += _LENGTH.size
-            messages.append(pickle.loads(view[start:start + length]))
+            try:
+                value = pickle.loads(view[start:start + length])
+            except Exception as error:  # noqa: BLE001 - whatever the bytes were, not a message
+                raise ProtocolError(f"a message that does not unpickle ({error})") from None
+            messages.append(decode(value))
             start += length
     return messages, start
 

@@ -9,7 +9,7 @@ one; a SageMaker invocation when the folder defines no ``input_fn``/``output_fn`
 decoded and encoded *here*, in the worker, with the model's :class:`RowCodecs` (fetched
 once per load): the worker refuses what the engine's admission would (the queue full,
 the engine's last notice), reads and bounds the body (413, 408), decodes it, writes the
-rows into the connection's shared memory (``shared``) and sends the engine a ``rows``
+rows into the connection's shared memory (``shared``) and sends the engine a ``Rows``
 message of a few dozen bytes; the answer's rows come back the same way, and the worker
 encodes them. Every other invocation (a script's ``input_fn``/``output_fn``, or a model
 that is not row-wise) sends the body whole and runs in the engine, where the user's code
@@ -21,53 +21,64 @@ once; none waits for an answer that cannot come. Meanwhile the worker tries to c
 again every :data:`RECONNECT_SECONDS`: the socket accepts once the supervisor's new
 engine has loaded the models again, and from then on the worker serves as before.
 
-The messages (a tuple each; ``id`` numbers a worker's requests):
-
-- worker to engine: ``(id, operation, arguments)``; ``(ROWS, id, name, generation,
-  descriptor)``; ``(CANCEL, id)`` (the client went away); ``(FREE, offset)`` (an
-  answer's rows are read); ``(COUNT, name, status, seconds)`` (an answered invocation,
-  for the metrics); ``(REFUSED, name)`` (a 503 for a full queue, counted as rejected).
-- engine to worker: ``(id, True, result)`` or ``(id, False, domain error or None)``;
-  a ``rows`` result is ``(descriptor, offset)``; ``(NOTICE, CHANGED, name, None)`` (the
-  model was loaded or unloaded: forget its codecs) and ``(NOTICE, ADMISSION, name,
-  refusal or None)`` (its runner refuses, or admits again).
+The messages are ``engine.messages``' kinds. Every ``ModelService`` method this class
+does not write itself (all but :meth:`EngineService.invoke`) is an ``Ask`` of the engine's
+operation of that name, made from the protocol (:func:`forwarding`), so a method added
+to the protocol answers through workers with no edit here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import dataclasses
+import functools
+import inspect
 import itertools
-from collections.abc import Sequence
+from collections.abc import Awaitable
 from typing import Any
 
 from mmserver import errors
 from mmserver.config import Settings
 from mmserver.engine.channel import Channel, connect
+from mmserver.engine.messages import (
+    Admission,
+    Ask,
+    Cancel,
+    Changed,
+    Count,
+    Failed,
+    Free,
+    dispatch,
+    Refused,
+    Result,
+    Rows,
+    RowsResult,
+    Stages,
+    service_methods,
+)
 from mmserver.engine.shared import pack, unpack
 from mmserver.handler.folder import RowCodecs
-from mmserver.http.service import Call
-from mmserver.loaded_model import ModelInfo, ModelStatus
+from mmserver.http.service import Call, ModelService
 from mmserver.pipeline import (
     Answer,
+    Called,
     InvocationPipeline,
     Wire,
     check_payload_size,
     read_whole_body,
-    run_on,
 )
 from mmserver.wires import ToolkitHeaders, V2Headers
 
 #: While the engine is gone, the pause between the worker's attempts to reach a new one.
 RECONNECT_SECONDS = 0.1
+#: Invocations answered while the engine is lost and kept for the next one's metrics; past
+#: it the oldest are dropped (a restart takes seconds, a flood of 503s could be unbounded).
+UNCOUNTED_LIMIT = 10_000
 #: Past an invocation's own deadline (the engine answers 504 then), how long the worker
 #: still waits for the engine's answer before it answers 504 itself.
 ANSWER_GRACE_SECONDS = 1.0
-#: The messages' kinds (the module docstring).
-ROWS, FREE, COUNT, CANCEL, REFUSED, NOTICE = "rows", "free", "count", "cancel", "refused", "notice"
-#: What a notice tells.
-CHANGED, ADMISSION = "changed", "admission"
 _UNKNOWN = object()
 
 
@@ -84,6 +95,35 @@ class Listed:
     url: str
 
 
+def forwarding(protocol: type):
+    """A class decorator: each of ``protocol``'s operations (``messages.service_methods``)
+    that the class does not write itself becomes an ``Ask`` of the engine's operation of
+    that name, with the arguments the protocol declares, bound as a call binds them."""
+
+    def install(cls: type) -> type:
+        for name in service_methods(protocol):
+            if name not in vars(cls):
+                method = _forwarder(name, getattr(protocol, name))
+                method.__qualname__ = f"{cls.__qualname__}.{name}"
+                setattr(cls, name, method)
+        return cls
+
+    return install
+
+
+def _forwarder(name: str, declared):
+    signature = inspect.signature(declared)
+
+    @functools.wraps(declared)
+    async def forward(self, *args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        return await self._ask(name, *bound.args[1:])
+
+    return forward
+
+
+@forwarding(ModelService)
 class EngineService:
     """The models of an engine process, as one HTTP worker (or the process that holds an
     isolated model) reaches them. ``holds`` names them in errors."""
@@ -100,6 +140,8 @@ class EngineService:
         self._ids = itertools.count()
         self._reading: asyncio.Task | None = None
         self._lost: str | None = None
+        #: Invocations answered while the engine was lost, for the next one's metrics.
+        self._uncounted: collections.deque = collections.deque(maxlen=UNCOUNTED_LIMIT)
         #: Per model, its RowCodecs, or None: its bodies go to the engine whole.
         self._codecs: dict[str, RowCodecs | None] = {}
         #: Per model, what its runner refuses now (the engine's last notice).
@@ -108,6 +150,10 @@ class EngineService:
         self._rows_sent: dict[int, int | None] = {}
         #: The worker's own decode threads (large bodies, images), as one process has.
         self._pipeline = InvocationPipeline(settings)
+        #: What each kind the engine sends does; any other kind is a protocol error.
+        self._handlers = {Result: self._result, RowsResult: self._rows_result,
+                          Failed: self._failed, Changed: self._changed,
+                          Admission: self._admission}
 
     # -- the connection ------------------------------------------------------------------
 
@@ -155,37 +201,54 @@ class EngineService:
                 except OSError:
                     continue
             self._lost = None
+            while self._uncounted:
+                self._channel.gather(Count, self._uncounted.popleft())
 
     def _received(self, messages: list) -> None:
         """The engine's notices and answers, as a read brings them."""
-        for message in messages:
-            if message[0] == NOTICE:
-                _, what, name, value = message
-                if what == CHANGED:
-                    self._codecs.pop(name, None)
-                    self._refusals.pop(name, None)
-                elif value is None:
-                    self._refusals.pop(name, None)
-                else:
-                    self._refusals[name] = value
-                continue
-            request_id, ok, value = message
-            rows = request_id in self._rows_sent
-            if rows:
-                region = self._rows_sent.pop(request_id)
-                if region is not None:  # the engine copied the rows out when they arrived
-                    self._channel.outgoing.free(region)
-            waiting = self._waiting.pop(request_id, None)
-            if waiting is None or waiting.done():  # its client went away
-                if rows and ok and value[1] is not None:
-                    self._channel.send((FREE, value[1]))
-            elif ok:
-                waiting.set_result(value)
-            elif value is None:
-                waiting.set_exception(RuntimeError("the engine failed the operation; "
-                                                   "see its log"))
-            else:
-                waiting.set_exception(value)
+        dispatch(self._handlers, messages, "a worker", "the engine")
+
+    def _changed(self, message: Changed) -> None:
+        self._codecs.pop(message.name, None)
+        self._refusals.pop(message.name, None)
+
+    def _admission(self, message: Admission) -> None:
+        if message.refusal is None:
+            self._refusals.pop(message.name, None)
+        else:
+            self._refusals[message.name] = message.refusal
+
+    def _answered(self, request_id: int) -> asyncio.Future | None:
+        """The future a reply settles (None when its client went away), the request's rows
+        freed: the engine copied them out when they arrived."""
+        if request_id in self._rows_sent:
+            region = self._rows_sent.pop(request_id)
+            if region is not None:
+                self._channel.outgoing.free(region)
+        waiting = self._waiting.pop(request_id, None)
+        return None if waiting is None or waiting.done() else waiting
+
+    def _result(self, message: Result) -> None:
+        waiting = self._answered(message.request_id)
+        if waiting is not None:
+            waiting.set_result(message.value)
+
+    def _rows_result(self, message: RowsResult) -> None:
+        waiting = self._answered(message.request_id)
+        if waiting is not None:
+            waiting.set_result((message.descriptor, message.region, message.queue_seconds,
+                                message.infer_seconds))
+        elif message.region is not None:  # nobody reads the answer's rows
+            self._channel.gather(Free, message.region)
+
+    def _failed(self, message: Failed) -> None:
+        waiting = self._answered(message.request_id)
+        if waiting is None:
+            return
+        if message.error is None:
+            waiting.set_exception(RuntimeError("the engine failed the operation; see its log"))
+        else:
+            waiting.set_exception(message.error)
 
     def _request(self) -> tuple[int, asyncio.Future]:
         """A new request's id and the future its answer settles (503 while disconnected)."""
@@ -200,20 +263,25 @@ class EngineService:
             return await waiting
         except asyncio.CancelledError:
             if self._lost is None:  # the client went away: the engine stops the work too
-                self._channel.send((CANCEL, request_id))
+                self._channel.send(Cancel(request_id))
             raise
         finally:
             self._waiting.pop(request_id, None)
 
     async def _ask(self, operation: str, *arguments: Any) -> Any:
         request_id, waiting = self._request()
-        self._channel.send((request_id, operation, arguments))
+        self._channel.send(Ask(request_id, operation, arguments))
         return await self._await(request_id, waiting)
 
-    def count_invocation(self, name: str, status: int, seconds: float) -> None:
-        """One invocation answered by this worker, into the engine's metrics."""
+    def count_invocation(self, name: str, status: int, seconds: float,
+                         unavailable: str | None = None) -> None:
+        """One invocation answered by this worker (and a 503's reason), into the engine's
+        metrics."""
+        count = (name, status, seconds, None if unavailable is None else str(unavailable))
         if self._lost is None and self._channel is not None:
-            self._channel.send((COUNT, name, status, seconds))
+            self._channel.gather(Count, count)
+        elif self._lost is not None:  # the 503s of a lost engine are counted by the next one
+            self._uncounted.append(count)
 
     # -- invocations -------------------------------------------------------------------
 
@@ -228,7 +296,7 @@ class EngineService:
         refusal = self._refusals.get(name)
         if refusal is not None:
             if isinstance(refusal, errors.QueueFull):
-                self._channel.send((REFUSED, name))
+                self._channel.send(Refused(name))
             raise copy.copy(refusal)
         wire = headers.wire(name, codecs, self.settings.default_accept)
         wire.admit()
@@ -252,74 +320,48 @@ class EngineService:
                 self._codecs[name] = codecs
         return codecs
 
-    async def _invoke_rows(self, name: str, generation: int, wire: Wire, body: bytes
-                           ) -> Answer:
-        """Decode here, the model in the engine, encode here: one process's steps 3 to 5,
-        within the same deadline (``model_server_timeout_seconds``, 504)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.model_server_timeout_seconds
-        pipeline = self._pipeline
+    def _invoke_rows(self, name: str, generation: int, wire: Wire, body: bytes
+                     ) -> Awaitable[Answer]:
+        """Decode here, the model in the engine, encode here: one process's steps 3 to 5
+        (``InvocationPipeline.answer``), within the same deadline."""
+        return self._pipeline.answer(name, wire, body,
+                                     functools.partial(self._through_engine, name, generation))
+
+    async def _through_engine(self, name: str, generation: int, data: Any, deadline: float
+                              ) -> Called:
+        """Step 4 in a worker: the rows into the connection's shared memory, a ``Rows``
+        message to the engine, and its answer's rows read where the engine wrote them."""
+        request_id, waiting = self._request()
+        channel = self._channel
         try:
-            data = await run_on(pipeline.decoding_pool(wire, body), deadline, wire.decode, body)
-            request_id, waiting = self._request()
-            channel = self._channel
-            try:
-                descriptor, region = pack(data, channel.outgoing)
-            except BaseException:
-                del self._waiting[request_id]
-                raise
-            self._rows_sent[request_id] = region
-            channel.send((ROWS, request_id, name, generation, descriptor))
-            timer = loop.call_at(deadline + ANSWER_GRACE_SECONDS, _give_up, waiting, name)
-            try:
-                answer_descriptor, answer_region = await self._await(request_id, waiting)
-            finally:
-                timer.cancel()
-            try:
-                rows = unpack(answer_descriptor, channel.incoming, copy=False)
-                return await run_on(pipeline.encoding_pool(wire, rows), deadline, wire.encode, rows)
-            finally:
-                if answer_region is not None and channel is self._channel \
-                        and not channel.closed:
-                    channel.send((FREE, answer_region))
-        except errors.InvocationTimeout:
-            raise pipeline.timed_out(name) from None
+            descriptor, region = pack(data, channel.outgoing)
+        except BaseException:
+            del self._waiting[request_id]
+            raise
+        self._rows_sent[request_id] = region
+        channel.send(Rows(request_id, name, generation, descriptor))
+        timer = asyncio.get_running_loop().call_at(deadline + ANSWER_GRACE_SECONDS, _give_up,
+                                                   waiting, name)
+        try:
+            answer_descriptor, answer_region, queue_s, infer_s = await self._await(
+                request_id, waiting)
+        finally:
+            timer.cancel()
 
-    # -- the ModelService's other operations ---------------------------------------------
+        def settled(stages: tuple[float, ...] | None) -> None:
+            if channel is not self._channel or channel.closed:
+                return  # the engine that wrote the rows is gone, and its memory with it
+            if stages is not None:
+                channel.gather(Stages, (name, *stages))
+            if answer_region is not None:
+                channel.gather(Free, answer_region)
 
-    async def load(self, name: str, url: str) -> Listed:
-        return await self._ask("load", name, url)
-
-    async def page(self, limit: int | None, next_page_token: str | None
-                   ) -> tuple[Sequence[Listed], str | None]:
-        return await self._ask("page", limit, next_page_token)
-
-    async def describe(self, name: str) -> dict[str, object]:
-        return await self._ask("describe", name)
-
-    async def unload(self, name: str) -> None:
-        await self._ask("unload", name)
-
-    async def status(self, name: str) -> ModelStatus:
-        return await self._ask("status", name)
-
-    async def model_metadata(self, name: str) -> dict[str, object]:
-        return await self._ask("model_metadata", name)
-
-    async def model_config(self, name: str) -> dict[str, object]:
-        return await self._ask("model_config", name)
-
-    async def model_statistics(self, name: str | None) -> list[dict[str, object]]:
-        return await self._ask("model_statistics", name)
-
-    async def index(self) -> list[ModelInfo]:
-        return await self._ask("index")
-
-    async def load_folder(self, name: str) -> None:
-        await self._ask("load_folder", name)
-
-    async def exposition(self) -> bytes:
-        return await self._ask("exposition")
+        try:
+            rows = unpack(answer_descriptor, channel.incoming, copy=False)
+        except BaseException:
+            settled(None)
+            raise
+        return Called(rows, queue_s, infer_s, settled)
 
 
 def _decodes_here(codecs: RowCodecs | None, headers: ToolkitHeaders | V2Headers) -> bool:

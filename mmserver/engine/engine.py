@@ -2,13 +2,14 @@
 
 It is ``mmserver serve`` without HTTP: a :class:`~mmserver.http.local.LocalService`
 (the registry, the runners, the pipeline, the metrics) behind a Unix socket. Each
-worker keeps one connection; each message is ``(id, operation, arguments)`` and is
-answered ``(id, True, result)`` or ``(id, False, domain error)``, out of order, as
-operations finish. Results are plain data (a listing's names and urls, a describe
-answer, an invocation's encoded answer), never a model. ``count`` messages carry the
-workers' invocation counts into the one set of metrics (no answer).
+worker keeps one connection, whose messages are ``engine.messages``' kinds: an ``Ask``
+names one of the operations (:data:`~mmserver.engine.messages.OPERATIONS`, the
+``ModelService``'s methods) and is answered ``Result`` or ``Failed`` (a domain error), out
+of order, as operations finish. Results are plain data (a listing's names and urls, a
+describe answer, an invocation's encoded answer), never a model. ``Count`` messages carry
+the workers' invocation counts into the one set of metrics (no answer).
 
-A ``rows`` message is an invocation the worker decoded itself (``engine.client``): its
+A ``Rows`` message is an invocation the worker decoded itself (``engine.client``): its
 rows lie in the connection's shared memory (``engine.shared``); the engine copies them
 out, enqueues them straight into the model's runner, and answers with a descriptor of
 the answer's rows, written into the other arena, for the worker to encode. Notices tell
@@ -34,33 +35,26 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 from prometheus_client import Counter
 
-from mmserver.batching import ModelRunner
-from mmserver.batching.execution import QueuedRequest
 from mmserver.config import Settings
-from mmserver.engine.channel import Channel, serve
-from mmserver.engine.client import (
-    ADMISSION,
-    CANCEL,
-    CHANGED,
-    COUNT,
-    FREE,
-    NOTICE,
-    REFUSED,
-    ROWS,
-    CodecsChanged,
-    Listed,
-)
+from mmserver.engine.channel import serve
+from mmserver.engine.client import Listed
 from mmserver.engine.journal import Failure, Journal, Restart, journal_beside
-from mmserver.engine.shared import pack, unpack
-from mmserver.errors import InvocationTimeout, MMServerError, QueueFull
-from mmserver.http.local import LocalService
+from mmserver.engine.messages import OPERATIONS
+from mmserver.engine.workers import Workers
+from mmserver.errors import MMServerError
+from mmserver.handler.requirements import take_installed
+from mmserver.http import answers
 from mmserver.http.service import Call
-from mmserver.loaded_model import LoadedModel, ModelInfo
+from mmserver.model_info import ModelInfo
 from mmserver.pipeline import Answer
+from mmserver.process import event_loop, exit_past_abandoned_calls, prepare_process
+from mmserver.status import ModelStatus
 from mmserver.wires import ToolkitHeaders, V2Headers
 
 log = logging.getLogger(__name__)
@@ -70,9 +64,11 @@ PR_SET_PDEATHSIG = 1
 
 
 class EngineOperations:
-    """What a worker may ask of the engine: the ModelService's operations, in plain data."""
+    """What a worker may ask of the engine, where it differs from the service's own method
+    of the same name (:func:`dispatch_table`): results as plain data, the journal."""
 
-    def __init__(self, service: LocalService, journal: Journal, restart: Restart | None):
+    def __init__(self, service, journal: Journal, restart: Restart | None):
+        #: The engine's service (``http.local.LocalService``: its models, registry, metrics).
         self.service = service
         self.journal = journal
         self.restarts = restart.restarts if restart else 0
@@ -126,10 +122,8 @@ class EngineOperations:
 
     async def describe(self, name: str) -> dict[str, object]:
         """The service's answer, naming this engine unless the model has one of its own."""
-        return {"engine": self._engine(), **await self.service.describe(name)}
-
-    def _engine(self) -> dict[str, int]:
-        return {"pid": os.getpid(), "restarts": self.restarts}
+        return answers.described_in_engine(await self.service.describe(name), os.getpid(),
+                                           self.restarts)
 
     async def unload(self, name: str) -> None:
         await self.service.unload(name)
@@ -139,18 +133,6 @@ class EngineOperations:
                      ) -> Answer:
         return await self.service.invoke(name, headers, _arrived(body))
 
-    async def status(self, name: str):
-        return await self.service.status(name)
-
-    async def model_metadata(self, name: str) -> dict[str, object]:
-        return await self.service.model_metadata(name)
-
-    async def model_config(self, name: str) -> dict[str, object]:
-        return await self.service.model_config(name)
-
-    async def model_statistics(self, name: str | None) -> list[dict[str, object]]:
-        return await self.service.model_statistics(name)
-
     async def index(self) -> list[ModelInfo]:
         return [ModelInfo(info.name, info.url, info.status)
                 for info in await self.service.index()]
@@ -159,11 +141,13 @@ class EngineOperations:
         with self.loading(name, name):
             await self.service.load_folder(name)
 
-    async def exposition(self) -> bytes:
-        return await self.service.exposition()
 
-    async def row_codecs(self, name: str):
-        return await self.service.row_codecs(name)
+def dispatch_table(operations: EngineOperations) -> dict[str, Callable[..., Awaitable]]:
+    """Each operation a worker may ask (:data:`~mmserver.engine.messages.OPERATIONS`, derived
+    from the ``ModelService`` protocol), and what answers it: ``operations``' method of that
+    name where it has one, else the service's own. Nothing else is reachable."""
+    return {name: getattr(operations, name, None) or getattr(operations.service, name)
+            for name in OPERATIONS}
 
 
 def _arrived(body: bytes) -> Call:
@@ -176,177 +160,33 @@ def _arrived(body: bytes) -> Call:
                 read_body=read_body, body_arrived=True)
 
 
-#: The operations a worker may name (nothing else of the object is reachable).
-OPERATIONS = frozenset(("load", "page", "describe", "unload", "invoke", "status", "model_metadata",
-                        "model_config", "model_statistics", "index", "load_folder",
-                        "exposition", "row_codecs"))
-
-
-class WorkerConnection:
-    """One worker's channel: its messages (``client`` spells them), answered as they finish.
-
-    An operation runs as a task of its own. Rows (an invocation the worker decoded) take no
-    task: they are queued in the model's runner as their message is read, and the runner's
-    answer is written into the connection's answer arena from the request's own callback,
-    so a burst of requests costs the engine a few calls each. Every ``rows`` message gets
-    exactly one reply, whatever happens to it, so that the worker knows when its region of
-    shared memory is free again (the rows were copied out on arrival).
-
-    A ``cancel`` notice (the worker's client went away, so aiohttp cancelled its handler)
-    cancels that operation here too, as one process cancels it: a queued invocation
-    leaves the queue uncomputed.
-    """
-
-    def __init__(self, operations: EngineOperations, channel: Channel):
-        self.operations = operations
-        self.service = operations.service
-        self.channel = channel
-        self._tasks: dict[int, asyncio.Task] = {}
-        self._queued: dict[int, tuple[QueuedRequest, ModelRunner]] = {}
-
-    def on_messages(self, messages: list) -> None:
-        for message in messages:
-            kind = message[0]
-            if kind == ROWS:
-                self._rows(*message[1:])
-            elif kind == FREE:
-                self.channel.outgoing.free(message[1])
-            elif kind == COUNT:
-                self.service.metrics.request_done(*message[1:])
-            elif kind == CANCEL:
-                self._cancel(message[1])
-            elif kind == REFUSED:
-                self.service.count_refusal(message[1])
-            else:
-                request_id = kind
-                task = self._tasks[request_id] = asyncio.create_task(
-                    _answer(self.operations, self.channel, *message))
-                task.add_done_callback(
-                    lambda _, request_id=request_id: self._tasks.pop(request_id, None))
-
-    def _cancel(self, request_id: int) -> None:
-        task = self._tasks.get(request_id)
-        if task is not None:
-            task.cancel()
-        queued = self._queued.get(request_id)
-        if queued is not None:
-            request, runner = queued
-            runner.withdraw(request)
-
-    def _rows(self, request_id: int, name: str, generation: int, descriptor) -> None:
-        channel = self.channel
-        try:
-            model = self.service.serving(name)
-            if getattr(model, "generation", None) != generation:
-                raise CodecsChanged(f"model {name!r} was loaded again")
-            request = self.service.pipeline.submit(
-                model, unpack(descriptor, channel.incoming, copy=True))
-        except MMServerError as error:
-            channel.send((request_id, False, error))
-            return
-        except Exception:  # noqa: BLE001 - the worker answers 500; the cause stays in this log
-            log.exception("engine: queueing rows for model %s failed", name)
-            channel.send((request_id, False, None))
-            return
-        self._queued[request_id] = (request, model.runner)
-        request.future.add_done_callback(
-            lambda future: self._answer_rows(request_id, model, future))
-
-    def _answer_rows(self, request_id: int, model: LoadedModel, future: asyncio.Future
-                     ) -> None:
-        self._queued.pop(request_id, None)
-        channel = self.channel
-        if channel.closed:
-            return
-        if future.cancelled():
-            channel.send((request_id, False, None))  # the worker gave up; its region is free
-            return
-        error = future.exception()
-        if error is None:
-            try:
-                answer = pack(future.result(), channel.outgoing)
-            except Exception:  # noqa: BLE001 - as any failed operation
-                log.exception("engine: answering rows of model %s failed", model.name)
-                channel.send((request_id, False, None))
-            else:
-                channel.send((request_id, True, answer))
-            return
-        if isinstance(error, InvocationTimeout):
-            error = self.service.pipeline.timed_out(model.name)
-        channel.send((request_id, False, error if isinstance(error, MMServerError) else None))
-
-
-class Workers:
-    """The engine's connections, and what it tells all of them: a model was loaded or
-    unloaded (forget its codecs), or its queue filled or has room again (refuse, or stop
-    refusing, before reading a body)."""
-
-    def __init__(self, operations: EngineOperations):
-        self.operations = operations
-        self._connections: set[WorkerConnection] = set()
-
-    def connected(self, channel: Channel):
-        connection = WorkerConnection(self.operations, channel)
-        self._connections.add(connection)
-        channel.lost.add_done_callback(lambda _: self._connections.discard(connection))
-        return connection.on_messages
-
-    def tell(self, message: tuple) -> None:
-        for connection in self._connections:
-            connection.channel.send(message)
-
-    def model_changed(self, model, loaded: bool) -> None:
-        self.tell((NOTICE, CHANGED, model.name, None))
-        if loaded and isinstance(model, LoadedModel):
-            model.runner.watch_admission(
-                lambda refusal, name=model.name: self.tell((NOTICE, ADMISSION, name, (
-                    refusal if isinstance(refusal, QueueFull) else None))))
-
-    def close(self) -> None:
-        for connection in list(self._connections):
-            connection.channel.close()
-
-
-async def _answer(operations: EngineOperations, channel: Channel, request_id: int,
-                  operation: str, arguments: tuple) -> None:
-    try:
-        if operation not in OPERATIONS:
-            raise MMServerError(f"the engine has no operation {operation!r}")
-        result = await getattr(operations, operation)(*arguments)
-    except MMServerError as error:
-        channel.send((request_id, False, error))
-    except Exception:  # noqa: BLE001 - the worker answers 500; the cause stays in this log
-        log.exception("engine operation %s failed", operation)
-        channel.send((request_id, False, None))
-    else:
-        channel.send((request_id, True, result))
-
-
-def run_engine(settings: Settings, socket_path: str, ready: Connection, log_level: str,
-               restart: Restart | None = None, parent_pid: int | None = None) -> None:
+def run_engine(service: type, settings: Settings, socket_path: str, ready: Connection,
+               log_level: str, restart: Restart | None = None, parent_pid: int | None = None,
+               packages: Path | None = None) -> None:
     """The engine process's main: load the preloaded models (or, after a restart, the models
     the dead engine held), then serve the socket.
 
-    Sends ``("ready", device)`` on ``ready`` once it serves, or ``("failed", message)``.
+    ``service``: the class of the service the engine holds (``http.local.LocalService``),
+    given by whoever starts the engine (``engine.spawn``), so that this module, which an
+    isolated model's start reaches, imports no service. Sends ``(ModelStatus.READY, device)``
+    on ``ready`` once it serves, or ``(ModelStatus.FAILED, message)``.
     ``parent_pid``: this is an isolated model's engine (``engine.isolated``): it dies with
-    that process, and holds its models itself, isolating none further.
+    that process, and holds its models itself, isolating none further. ``packages``: its
+    model's ``code/requirements.txt`` as the parent installed it, put first on this
+    process's path when the model loads (``loader``), not installed again.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if parent_pid is not None:
         _die_with(parent_pid)
-    from mmserver.cli import (  # the same start-up and exit as one process
-        event_loop,
-        exit_past_abandoned_calls,
-        prepare_process,
-    )
-
+    if packages is not None:
+        take_installed(packages)
     prepare_process(settings, log_level)
     loop = event_loop(settings.uvloop) or asyncio.new_event_loop()
     try:
-        loop.run_until_complete(_main(settings, socket_path, ready, restart,
+        loop.run_until_complete(_main(service, settings, socket_path, ready, restart,
                                       isolating=parent_pid is None))
     except MMServerError as error:
-        ready.send(("failed", str(error)))
+        ready.send((ModelStatus.FAILED, str(error)))
         sys.exit(1)
     exit_past_abandoned_calls()
 
@@ -360,9 +200,9 @@ def _die_with(parent_pid: int) -> None:
         os._exit(1)
 
 
-async def _main(settings: Settings, socket_path: str, ready: Connection,
+async def _main(service_type: type, settings: Settings, socket_path: str, ready: Connection,
                 restart: Restart | None, *, isolating: bool = True) -> None:
-    service = LocalService(settings, isolating=isolating)
+    service = service_type(settings, isolating=isolating)
     operations = EngineOperations(service, journal_beside(socket_path), restart)
     Counter("mmserver_engine_restarts", "Engine processes that died and were replaced "
             "since the server started (--http-workers).",
@@ -372,14 +212,14 @@ async def _main(settings: Settings, socket_path: str, ready: Connection,
     if restart is not None:
         await operations.restore(restart.restore)
     operations.record()
-    workers = Workers(operations)
+    workers = Workers(dispatch_table(operations), service)
     service.model_listeners.append(workers.model_changed)
     for model in service.registry.ready():  # loaded before anyone listened
         workers.model_changed(model, True)
     accepting = await serve(socket_path, workers.connected)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    ready.send(("ready", str(service.registry.device)))
+    ready.send((ModelStatus.READY, str(service.registry.device)))
     log.info("engine %d serving %d model(s)", os.getpid(), len(service.registry.ready()))
     await stop.wait()
     accepting.cancel()

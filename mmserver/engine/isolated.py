@@ -1,11 +1,13 @@
-"""A model in a process of its own: ``"isolation": "process"``.
+"""A model in a process of its own: ``"isolation": "process"``, or packages of its own.
 
 A native crash in a model's code (a segfault in an extension, ``abort()``, the OOM
 killer) ends the process it runs in, and with it every model that process holds. A model
 whose ``mmserver.json`` says ``"isolation": "process"`` (or every model, with
 ``MMSERVER_ISOLATION=process``) runs instead in an engine of its own: a child process
 that is ``mmserver.engine.engine`` holding that one model, reached over its Unix socket
-by an :class:`~mmserver.engine.client.EngineService`. The registry holds an
+by an :class:`~mmserver.engine.client.EngineService`. A model that ships
+``code/requirements.txt`` runs in one too: its packages, installed here, go first on the
+child's ``sys.path`` under their real names (``handler.requirements``). The registry holds an
 :class:`IsolatedModel` in the model's place, so names, 409, the memory budget, listing
 and unloading work as for any model; the model's queue and batching are in the child.
 
@@ -30,20 +32,26 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from collections.abc import Callable
+from typing import Any
+
 from mmserver import errors
 from mmserver.config import Settings
 from mmserver.engine.client import EngineService
 from mmserver.engine.journal import Restart
-from mmserver.engine.supervisor import cause_of_end, spawn_engine, wait_ready
+from mmserver.engine.spawn import cause_of_end, spawn_engine, wait_ready
+from mmserver.handler.folder import RowCodecs
+from mmserver.handler.requirements import InstalledRequirements
+from mmserver.http import answers
+from mmserver.http.answers import ISOLATED, ISOLATION_KEY
 from mmserver.http.service import Call
-from mmserver.loaded_model import ModelInfo, ModelStatus
-from mmserver.pipeline import Answer
+from mmserver.model_info import ModelInfo, ModelStatus
+from mmserver.pipeline import Answer, InvocationPipeline
 from mmserver.wires import ToolkitHeaders, V2Headers
 
-log = logging.getLogger(__name__)
+__all__ = ["FOLDER_PREFIX", "ISOLATED", "ISOLATION_KEY", "IsolatedModel"]
 
-#: The describe answer's key, and value, that say a model runs in a process of its own.
-ISOLATION_KEY, ISOLATED = "isolation", "process"
+log = logging.getLogger(__name__)
 #: The start of the name of each isolated model's socket folder (in the temporary folder).
 FOLDER_PREFIX = "mmserver-model-"
 
@@ -51,21 +59,28 @@ FOLDER_PREFIX = "mmserver-model-"
 class IsolatedModel:
     """The registry's entry for a model served by a child engine (module docstring).
 
+    ``service``: the class of the service the child engine holds (``spawn_engine``).
     ``on_restart(model)`` is called when its child died and another is started;
     ``on_failed(model, reason)`` when no child could load it again (the registry then
-    forgets it and the service describes it as failed).
+    forgets it and the service describes it as failed). ``packages``: its installed
+    ``code/requirements.txt``, given to each child and released once the last has ended.
     """
 
     def __init__(self, name: str, url: str, path: Path, settings: Settings, *,
-                 on_restart, on_failed):
+                 service: type, on_restart, on_failed,
+                 packages: InstalledRequirements | None = None):
         self.name, self.url, self.path = name, url, path
+        self._service = service
         #: The child's settings: no preload, and one model.
         self.settings = settings
         self.memory_bytes = 0
         self.unloading = False
+        #: Its rows never cross to this process (:meth:`row_codecs` is None).
+        self.generation = None
         #: Children of this model that died and were replaced.
         self.restarts = 0
         self._on_restart, self._on_failed = on_restart, on_failed
+        self._packages = packages
         self._folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{name}-"))  # mode 0700
         self._process = None
         self._client: EngineService | None = None
@@ -82,7 +97,7 @@ class IsolatedModel:
             await self._start_child()
         except BaseException:
             await self._end_child(0)
-            shutil.rmtree(self._folder, ignore_errors=True)
+            await self._forget_files()
             raise
         self._watching = asyncio.create_task(self._watch())
 
@@ -93,12 +108,14 @@ class IsolatedModel:
         socket_path = str(self._folder / f"engine-{self.restarts}.sock")
         restart = Restart(restore=(), failed={}, restarts=self.restarts) if self.restarts \
             else None
+        packages = self._packages.folder if self._packages is not None else None
         self._process, ready = spawn_engine(self.settings, socket_path,
                                             logging.getLevelName(logging.root.level),
-                                            restart, isolated=True)
+                                            restart, service=self._service, isolated=True,
+                                            packages=packages)
         answer = await asyncio.to_thread(wait_ready, self._process, ready, self._stopping)
         ready.close()
-        if answer is None or answer[0] != "ready":
+        if answer is None or answer[0] != ModelStatus.READY:
             why = answer[1] if answer else await self._death()
             raise errors.ModelError(f"the process for model {self.name!r} did not start: {why}")
         self._client = EngineService(self.settings, socket_path, holds=f"model {self.name!r}")
@@ -139,7 +156,7 @@ class IsolatedModel:
                           f"one: {error}; load it (POST /models) once the cause is fixed")
                 log.error("model=%s %s", self.name, reason)
                 self.unloading = True
-                shutil.rmtree(self._folder, ignore_errors=True)
+                await self._forget_files()
                 self._on_failed(self, reason)
                 return
             self._down = None
@@ -155,7 +172,14 @@ class IsolatedModel:
         try:
             await self._end_child(drain_timeout)
         finally:
-            shutil.rmtree(self._folder, ignore_errors=True)
+            await self._forget_files()
+
+    async def _forget_files(self) -> None:
+        """No child runs: its socket folder goes, and the hold on its installed packages."""
+        shutil.rmtree(self._folder, ignore_errors=True)
+        packages, self._packages = self._packages, None
+        if packages is not None:
+            await packages.release()
 
     async def _end_child(self, drain_timeout: float) -> None:
         """SIGTERM (the child drains its queue), its answers, its exit, all within
@@ -175,7 +199,7 @@ class IsolatedModel:
                 process.kill()
                 await asyncio.to_thread(process.join, 5)
 
-    # -- what the registry and the service ask -------------------------------------------
+    # -- the served model (``mmserver.served``) -------------------------------------------
 
     @property
     def status(self) -> ModelStatus:
@@ -188,21 +212,42 @@ class IsolatedModel:
 
     def _serving(self) -> EngineService:
         if self._down is not None:
-            raise errors.EngineUnavailable(self._down)
+            raise errors.ModelStillLoading(self._down)
         return self._client
 
     async def describe(self) -> dict[str, object]:
         """The child's describe answer (its ``engine``: pid and restarts), or while its
-        process is gone and a new one loads the model, what this side knows."""
+        process is gone and a new one loads the model, or it is being unloaded, what this
+        side knows."""
+        if self.unloading:
+            return answers.described_isolated(self.info())
         try:
-            return {**await self._serving().describe(self.name), ISOLATION_KEY: ISOLATED}
+            return answers.described_isolated(await self._serving().describe(self.name))
         except errors.EngineUnavailable as error:
-            return {"modelName": self.name, "modelUrl": self.url,
-                    "status": ModelStatus.LOADING, "health": str(error),
-                    ISOLATION_KEY: ISOLATED, "engine": {"pid": None, "restarts": self.restarts}}
+            return answers.described_isolated(self.info(), health=str(error),
+                                              restarts=self.restarts)
 
-    async def invoke(self, headers: ToolkitHeaders | V2Headers, call: Call) -> Answer:
+    def admit(self) -> None:
+        """Nothing here: the child's runner admits (its answer comes back as any error)."""
+
+    async def invoke(self, headers: ToolkitHeaders | V2Headers, call: Call,
+                     pipeline: InvocationPipeline) -> Answer:
         return await self._serving().invoke(self.name, headers, call)
+
+    def row_codecs(self) -> RowCodecs | None:
+        return None  # its bodies go whole to its process, which decodes them
+
+    def submit_rows(self, rows: Any, pipeline: InvocationPipeline) -> Any:
+        raise errors.MMServerError(f"model {self.name!r} takes no rows decoded elsewhere")
+
+    def watch_admission(self, listener: Callable[[Exception | None], None]) -> None:
+        """Nothing: its queue is in its process, which refuses for itself."""
+
+    def count_refusal(self) -> None:
+        """Nothing: no other process refuses for it (:meth:`row_codecs` is None)."""
+
+    def record_stages(self, *seconds: float) -> None:
+        """Nothing: no other process decodes its rows (:meth:`row_codecs` is None)."""
 
     async def model_metadata(self) -> dict[str, object]:
         return await self._serving().model_metadata(self.name)
@@ -212,6 +257,10 @@ class IsolatedModel:
 
     async def model_statistics(self) -> list[dict[str, object]]:
         return await self._serving().model_statistics(self.name)
+
+    def export_metrics(self, metrics: Any) -> None:
+        """Its restarts are counted here; its process exports the rest (:meth:`exposition`)."""
+        metrics.model_restarts.labels(self.name)
 
     async def exposition(self) -> bytes:
         """The child's metrics (none while it is down)."""

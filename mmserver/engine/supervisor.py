@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import multiprocessing
-import os
 import shutil
 import signal
 import tempfile
@@ -36,13 +34,16 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from mmserver.config import Settings
+from mmserver.engine.client import EngineService
 from mmserver.engine.journal import Failure, Restart, State, journal_beside
+from mmserver.engine.spawn import CONTEXT, cause_of_end, spawn_engine, wait_ready
+from mmserver.grpc.server import attach as attach_grpc
+from mmserver.http.app import SERVICE, create_app
+from mmserver.http.local import LocalService
+from mmserver.process import prepare_process, run_app
+from mmserver.status import ModelStatus
 
 log = logging.getLogger(__name__)
-
-#: Processes are spawned, not forked: the parent has imported torch, whose threads a fork
-#: would copy in a state the child cannot use.
-CONTEXT = multiprocessing.get_context("spawn")
 #: Of the shutdown timeout, the share the workers get; the engine drains in the rest.
 WORKERS_SHARE = 0.6
 #: Of the workers' share, what a worker's drain (aiohttp's and its engine requests') may use.
@@ -51,8 +52,6 @@ WORKER_DRAIN_SHARE = 0.9
 
 def serve_with_workers(settings: Settings, log_level: str) -> int:
     """Run the engine and the workers until a signal stops them; the exit status."""
-    from mmserver.cli import prepare_process
-
     prepare_process(settings, log_level, runs_models=False)
     folder = Path(tempfile.mkdtemp(prefix="mmserver-engine-"))  # mode 0700
     socket_path = str(folder / "engine.sock")
@@ -62,7 +61,7 @@ def serve_with_workers(settings: Settings, log_level: str) -> int:
     engine = workers = None
     try:
         engine, answer = _start_engine(settings, socket_path, log_level, None, stopping)
-        if answer is None or answer[0] != "ready":
+        if answer is None or answer[0] != ModelStatus.READY:
             reason = "it stopped" if answer is None else answer[1]
             log.error("mmserver: cannot start: the engine did not start: %s", reason)
             return 1
@@ -72,7 +71,8 @@ def serve_with_workers(settings: Settings, log_level: str) -> int:
         for worker in workers:
             worker.start()
         host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
-        print(f"mmserver ready on http://{host}:{settings.port} ({answer[1]}): "
+        grpc = f", gRPC on {host}:{settings.grpc_port}" if settings.grpc_port else ""
+        print(f"mmserver ready on http://{host}:{settings.port}{grpc} ({answer[1]}): "
               f"{len(workers)} HTTP workers over one engine (pid {engine.pid})", flush=True)
         restart = None
         while not stopping:
@@ -115,7 +115,7 @@ def _replace_engine(engine, restart: Restart | None, settings: Settings, socket_
                       f"; {name!r} stays unloaded: {failure.reason}"
                       for name, failure in restart.failed.items()))
         engine, answer = _start_engine(settings, socket_path, log_level, restart, stopping)
-        served = answer is not None and answer[0] == "ready"
+        served = answer is not None and answer[0] == ModelStatus.READY
         if served:
             log.warning("a new engine (pid %d) serves, restart %d", engine.pid,
                         restart.restarts)
@@ -144,66 +144,27 @@ def after_death(previous: Restart | None, state: State, served: bool, cause: str
                    failed=failed, restarts=(previous.restarts if previous else 0) + 1)
 
 
-def cause_of_end(exitcode: int | None) -> str:
-    """A process's end, as a person reads it: ``killed by SIGSEGV``, ``exit status 1``."""
-    if exitcode is not None and exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit status {exitcode}"
-
-
 def _start_engine(settings: Settings, socket_path: str, log_level: str,
                   restart: Restart | None, stopping: list):
     """A started engine and its first word (see :func:`wait_ready`). A new engine after a
     restart loads what ``restart`` says, not ``--preload``."""
     if restart is not None:
         settings = dataclasses.replace(settings, preload=())
-    engine, ready = spawn_engine(settings, socket_path, log_level, restart)
+    engine, ready = spawn_engine(settings, socket_path, log_level, restart,
+                                 service=LocalService)
     return engine, wait_ready(engine, ready, stopping)
-
-
-def spawn_engine(settings: Settings, socket_path: str, log_level: str,
-                 restart: Restart | None, *, isolated: bool = False):
-    """An engine process, started, and the pipe its first word comes on. ``isolated``: the
-    engine of one isolated model (``engine.isolated``), which dies with this process."""
-    from mmserver.engine.engine import run_engine
-
-    ready, engine_end = CONTEXT.Pipe(duplex=False)
-    engine = CONTEXT.Process(target=run_engine, name="mmserver-engine",
-                             args=(settings, socket_path, engine_end, log_level, restart,
-                                   os.getpid() if isolated else None))
-    engine.start()
-    engine_end.close()
-    return engine, ready
-
-
-def wait_ready(engine, ready, stopping: list) -> tuple[str, str] | None:
-    """The engine's first word, or None when it ended (or a signal came) first."""
-    while not stopping:
-        if ready.poll(0.2):
-            try:
-                return ready.recv()
-            except EOFError:
-                return None
-        if not engine.is_alive():
-            return None
-    return None
 
 
 def _run_worker(settings: Settings, socket_path: str, index: int, log_level: str) -> None:
     """An HTTP worker's main: the aiohttp host over the engine, sharing the port."""
-    from mmserver.cli import _run, prepare_process
-    from mmserver.engine.client import EngineService
-    from mmserver.http.app import create_app
-
     prepare_process(settings, log_level, runs_models=False)
     # The worker's own drain ends within its share, a little before the supervisor kills it.
     settings = dataclasses.replace(settings, shutdown_timeout_seconds=(
         settings.shutdown_timeout_seconds * WORKERS_SHARE * WORKER_DRAIN_SHARE))
-    _run(create_app(settings, EngineService(settings, socket_path), worker=index), settings,
-         reuse_port=True)
+    app = create_app(settings, EngineService(settings, socket_path), worker=index)
+    if settings.grpc_port:
+        attach_grpc(app, app[SERVICE], settings, reuse_port=True)
+    run_app(app, settings, reuse_port=True)
 
 
 def _stop(settings: Settings, workers: list, engine) -> None:

@@ -98,6 +98,7 @@ from mmserver.handler.settings import (
     THREAD_SAFE_KEY,
     ModelSettings,
 )
+from mmserver.text import TextCodec
 
 log = logging.getLogger(__name__)
 
@@ -136,18 +137,22 @@ class RowCodecs:
     user_codecs = False
     default_encoders = True
 
-    def __init__(self, signature: signatures.Signature, toolkit: bool, generation: int):
+    def __init__(self, signature: signatures.Signature, toolkit: bool, generation: int,
+                 text: TextCodec | None = None):
         self.signature = signature
         self.toolkit = toolkit
         self.generation = generation
-        self.decode = calls.row_wise_input(calls.checked_default_input(signature))
+        #: A text model's tokenizer: it decodes here, in the worker.
+        self.text = text
+        self.decode = calls.row_wise_input(
+            text.decode if text is not None else calls.checked_default_input(signature))
         self.encode = calls.default_output
 
     def __reduce__(self):
-        return RowCodecs, (self.signature, self.toolkit, self.generation)
+        return RowCodecs, (self.signature, self.toolkit, self.generation, self.text)
 
     def from_tensors(self, data: Any, context: RequestContext) -> Any:
-        return data
+        return data if self.text is None else self.text.from_tensors(data, context)
 
 
 class ModelHandler:
@@ -160,14 +165,14 @@ class ModelHandler:
     ``user_codecs`` are decided at load too.
     """
 
-    def __init__(self, model_dir: Path, *, device: torch.device, program: str = "inference.py",
-                 packages_dir: Path | None = None):
-        """``packages_dir``: where ``code/requirements.txt`` was installed for this model."""
+    def __init__(self, model_dir: Path, *, device: torch.device, program: str = "inference.py"):
         self.model_dir = model_dir
         self.device = device
         #: The folder's mmserver.json (its batching knobs are the loader's to apply).
         self.settings = ModelSettings.read(model_dir)
-        self._code = _import_user_code(model_dir, program, packages_dir)
+        #: A text model's tokenizer (``mmserver.json``'s ``text``), else None.
+        self.text = TextCodec.declared(self.settings.text, model_dir)
+        self._code = _import_user_code(model_dir, program)
         try:
             self._load(self.settings.row_wise)
             self.thread_safe = _declared(self.settings.thread_safe, self._code, THREAD_SAFE_KEY,
@@ -202,6 +207,10 @@ class ModelHandler:
             _at_load(functions["model_warmup_fn"], model_dir=model_dir, model=self.model,
                      context=context)
         self.row_wise = _decide_row_wise(declared_row_wise, self._code, functions)
+        if self.text is not None and (not self.row_wise or "input_fn" in functions):
+            raise InvalidModelArtifact(
+                "a text model (mmserver.json's text) must be row-wise and leave decoding to the "
+                "server: its tokenizer is the input_fn; drop input_fn, or the text entry")
         #: The model's own input_fn/output_fn run in its threads, never on the event loop.
         self.user_codecs = bool(functions.keys() & {"input_fn", "output_fn"})
         #: The default encoders answer, so the Accept header is checked before the body is read.
@@ -237,7 +246,8 @@ class ModelHandler:
                                                                 "transform_fn")
             return
         input_fn = functions.get("input_fn")
-        read = calls.checked_default_input(self.signature) if input_fn is None \
+        read = self.text.decode if self.text is not None else \
+            calls.checked_default_input(self.signature) if input_fn is None \
             else calls.user_input(input_fn)
         self.decode = calls.row_wise_input(read) if self.row_wise else calls.one_request_input(read)
         predict_fn = functions.get("predict_fn")
@@ -258,10 +268,12 @@ class ModelHandler:
         sends its bodies here whole)."""
         if not self.row_wise:
             return None
-        return RowCodecs(self.signature, self._default_codecs, generation)
+        return RowCodecs(self.signature, self._default_codecs, generation, self.text)
 
     def from_tensors(self, data: Any, context: RequestContext) -> Any:
         """The runner's input for a request whose tensors the protocol already decoded."""
+        if self.text is not None:
+            return self.text.from_tensors(data, context)
         return data if self.row_wise else OneRequest(data, context)
 
     def close(self) -> None:
@@ -354,18 +366,13 @@ def is_model_folder(path: Path, program: str = "inference.py") -> bool:
         return False
 
 
-def _import_user_code(model_dir: Path, program: str,
-                      packages_dir: Path | None) -> user_code.UserCode | None:
+def _import_user_code(model_dir: Path, program: str) -> user_code.UserCode | None:
     code_dir = model_dir / "code"
     if not (code_dir / program).is_file():
         return None
     try:
-        code = user_code.import_program(code_dir, program, packages_dir)
+        code = user_code.import_program(code_dir, program)
     except BaseException as error:
         raise InvalidModelArtifact(
             f"code/{program} failed to import: {describe_error(error)}") from error
-    if code.left_to_the_server:
-        log.warning("%s: code/requirements.txt installed %s, which the server has already "
-                    "imported; the model uses the server's", model_dir,
-                    ", ".join(sorted(code.left_to_the_server)))
     return code

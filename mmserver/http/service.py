@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
 from mmserver.http.answers import Registered
-from mmserver.loaded_model import ModelInfo, ModelStatus
+from mmserver.model_info import ModelInfo, ModelStatus
 from mmserver.pipeline import Answer
 from mmserver.wires import ToolkitHeaders, V2Headers
 

@@ -94,17 +94,18 @@ class ModelHost:
                      ) -> Invoked:
         """Serve one invocation of ``name``, loading the model first if this replica lacks it;
         counted in this replica's request metrics with the status the ingress will answer."""
-        started, status = time.perf_counter(), 200
+        started, status, unavailable = time.perf_counter(), 200, None
         try:
             return await self._invoke(name, headers, body)
         except MMServerError as error:
             status = status_for(error, V2 if isinstance(headers, V2Headers) else SAGEMAKER) or 500
+            unavailable = error.unavailable if status == 503 else None
             raise
         except Exception:
             status = 500
             raise
         finally:
-            self.metrics.request_done(name, status, time.perf_counter() - started)
+            self.metrics.request_done(name, status, time.perf_counter() - started, unavailable)
 
     async def _invoke(self, name: str, headers: ToolkitHeaders | V2Headers, body: bytes
                       ) -> Invoked:

@@ -26,10 +26,12 @@ import itertools
 
 from mmserver.errors import ModelAlreadyLoaded, ModelLoading, ModelNotFound
 from mmserver.paging import paginate
+from mmserver.status import ModelStatus
 
-LOADING = "loading"
-READY = "ready"
-UNLOADING = "unloading"
+#: A registration's states are model statuses, so describe and v2 read them as they are.
+LOADING, READY, UNLOADING = ModelStatus.LOADING, ModelStatus.READY, ModelStatus.UNLOADING
+#: Every state a registration takes.
+STATES = (LOADING, READY, UNLOADING)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +43,7 @@ class Registration:
     #: Tells this registration from an earlier or later one of the same name.
     token: int
     #: :data:`LOADING` (its first load runs on a replica), :data:`READY`, :data:`UNLOADING`.
-    state: str = LOADING
+    state: ModelStatus = LOADING
 
 
 class Registrations:
@@ -119,5 +121,9 @@ class Registrations:
         return registration
 
 
+#: How a 409 names a taken registration's state.
+_DESCRIBED = {LOADING: "loading", READY: "loaded", UNLOADING: "being unloaded"}
+
+
 def _described(registration: Registration) -> str:
-    return {LOADING: "loading", READY: "loaded", UNLOADING: "being unloaded"}[registration.state]
+    return _DESCRIBED[registration.state]

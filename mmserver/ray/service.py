@@ -45,7 +45,7 @@ from mmserver.metrics import merged_exposition
 from mmserver.model_roots import ModelRoots
 from mmserver.pipeline import Answer, check_payload_size
 from mmserver.ray.host import Held, Invoked
-from mmserver.ray.registrations import LOADING, READY, UNLOADING, Registration
+from mmserver.ray.registrations import READY, Registration
 from mmserver.ray.replicas import LOADED_HEADER, REPLICA_HEADER
 from mmserver.ray.replies import unwrapped
 from mmserver.registry import folder_index, validate_name
@@ -66,9 +66,6 @@ ROUTING_SETTLE_SECONDS = 0.5
 REPLICA_LOSS_RETRIES = 1
 #: The errors that mean the replica never answered (it died, or cannot be reached).
 REPLICA_LOST = (RayActorError, ReplicaUnavailableError)
-#: A registration's state as a model's status.
-STATUS_OF_STATE = {LOADING: ModelStatus.LOADING, READY: ModelStatus.READY,
-                   UNLOADING: ModelStatus.UNLOADING}
 
 
 class ClusterService:
@@ -143,8 +140,11 @@ class ClusterService:
                 log.warning("model=%s: %s%s", name, error,
                             "; sending it to another" if attempt < REPLICA_LOSS_RETRIES else "")
         else:
-            raise errors.ReplicaUnavailable(
+            lost = errors.ReplicaUnavailable(
                 f"the replicas given model {name!r}'s request died before answering; retry")
+            # No host counts this one (none answered): the log line is its only record.
+            log.warning("model=%s invoke answered 503 (%s): %s", name, lost.unavailable, lost)
+            raise lost
         answer = invoked.answer
         return Answer(answer.body, answer.content_type, {
             **(answer.headers or {}), REPLICA_HEADER: invoked.replica.replica_id,
@@ -154,7 +154,7 @@ class ClusterService:
 
     async def status(self, name: str) -> ModelStatus:
         registration = await self._registry(self.registrations.get.remote(name))
-        return STATUS_OF_STATE[registration.state]
+        return registration.state
 
     async def model_metadata(self, name: str) -> dict[str, object]:
         return await self._read_on_host("metadata", name)
@@ -181,7 +181,7 @@ class ClusterService:
         entries = folder_index(self.roots, self.settings.program)
         registrations: list[Registration] = await self._registry(
             self.registrations.every.remote())
-        entries.update((r.name, ModelInfo(r.name, r.url, STATUS_OF_STATE[r.state]))
+        entries.update((r.name, ModelInfo(r.name, r.url, r.state))
                        for r in registrations)
         return [entries[name] for name in sorted(entries)]
 

@@ -6,11 +6,13 @@ and lists. Either way :meth:`ClusterSettings.from_args` reads them on top of
 :meth:`mmserver.config.Settings.from_env` (the ``MMSERVER_*`` and ``SAGEMAKER_*``
 variables of the process that builds the application), refuses an unknown key
 with the list of known ones, and names the key of a bad value. The batching knobs
-are :data:`mmserver.batching.KNOBS`' ``mmserver.json`` keys, so a new knob is an
-argument here too without a line in this module.
+are :data:`mmserver.batching.KNOBS`' ``mmserver.json`` keys, and the server's settings
+those of :data:`mmserver.config.SETTINGS` declared ``ray=True``, each read and checked by
+its declaration as its variable and its flag are, so a new one is an argument here too
+without a line in this module.
 
-Per replica, as ``mmserver serve`` is per process: ``memory_budget_mb`` and
-``max_models`` (Ray's ``max_num_models_per_replica``). For the cluster:
+Per replica, as ``mmserver serve`` is per process: ``model_roots``, ``memory_budget_mb``
+and ``max_models`` (Ray's ``max_num_models_per_replica``). For the cluster:
 ``num_replicas`` (model hosts), ``replica_cpus`` (Ray CPUs each host reserves),
 ``max_ongoing_requests`` (what one host takes at once before Ray's router tries
 another, which then loads the model: see docs/design.md section 11) and
@@ -20,68 +22,35 @@ another, which then loads the model: see docs/design.md section 11) and
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 
 from mmserver.batching.settings import KNOBS_BY_KEY
-from mmserver.config import EDGE_PARSERS, Settings, integer, number, paths
+from mmserver.config import EDGE_PARSERS, SETTINGS, Settings
+from mmserver.setting import Setting
 
 #: Ray Serve's own default is 5, which would cap every batch at 5 requests.
 DEFAULT_MAX_ONGOING_REQUESTS = 64
 DEFAULT_NUM_REPLICAS = 2
 
 
-def _typed(parse_text: Callable[[str], object], kinds: tuple[type, ...], what: str):
-    """A reader of one argument: text through ``parse_text``, or a YAML value of ``kinds``."""
-
-    def read(value: object) -> object:
-        if isinstance(value, str):
-            return parse_text(value.strip())
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            raise ValueError(f"must be {what}, got {value!r}")
-        return value
-    return read
-
-
-def _at_least(read: Callable[[object], object], low: float, inclusive: bool = True):
-    def checked(value: object) -> object:
-        number_ = read(value)
-        if number_ < low or (not inclusive and number_ == low):
-            bound = f">= {low:g}" if inclusive else f"> {low:g}"
-            raise ValueError(f"must be {bound}, got {number_!r}")
-        return number_
-    return checked
-
-
-def _model_roots(value: object) -> tuple[Path, ...]:
-    """``a:b`` as text, or a YAML list of folders."""
-    if isinstance(value, str):
-        roots = paths(value.strip())
-    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) and v for v in value):
-        roots = tuple(Path(v) for v in value)
-    else:
-        raise ValueError(f"must be folders separated by {os.pathsep!r}, or a list, got {value!r}")
-    if not roots:
-        raise ValueError("must name at least one folder")
-    return roots
-
-
-_integer = _typed(integer, (int,), "an integer")
-_number = _typed(number, (int, float), "a number")
-
-#: The arguments that are not batching knobs: key -> reader of its value.
-_READERS: dict[str, Callable[[object], object]] = {
-    "model_roots": _model_roots,
-    "memory_budget_mb": _at_least(_number, 0, inclusive=False),
-    "max_models": _at_least(_integer, 1),
-    "num_replicas": _at_least(_integer, 1),
-    "replica_cpus": _at_least(_number, 0),
-    "max_ongoing_requests": _at_least(_integer, 1),
-    "max_replicas_per_node": _at_least(_integer, 1),
-}
+#: The arguments of the cluster's shape (no variable, no flag: ``mmserver serve`` has none).
+CLUSTER_SETTINGS = (
+    Setting("num_replicas", None, int, "model hosts", flag=False, ray=True, minimum=1),
+    Setting("replica_cpus", None, float, "Ray CPUs each model host reserves", flag=False, ray=True,
+            minimum=0),
+    Setting("max_ongoing_requests", None, int,
+            "requests one host takes at once before Ray's router tries another",
+            flag=False, ray=True,
+            minimum=1),
+    Setting("max_replicas_per_node", None, int, "model hosts a node may hold", flag=False, ray=True,
+            minimum=1),
+)
+#: The server's settings a replica takes from the application's arguments (``config.SETTINGS``
+#: lines with ``ray=True``), by argument.
+SERVER_ARGUMENTS = {setting.key: setting for setting in SETTINGS if setting.ray}
+_CLUSTER_ARGUMENTS = {setting.key: setting for setting in CLUSTER_SETTINGS}
 #: Every argument the application takes.
-ARGUMENTS = tuple(sorted([*_READERS, *KNOBS_BY_KEY]))
+ARGUMENTS = tuple(sorted([*SERVER_ARGUMENTS, *_CLUSTER_ARGUMENTS, *KNOBS_BY_KEY]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,26 +74,20 @@ class ClusterSettings:
         unknown = sorted(set(args) - set(ARGUMENTS))
         if unknown:
             raise ValueError(f"unknown arguments {unknown}; known: {', '.join(ARGUMENTS)}")
-        values = {}
+        knobs, server, cluster = {}, {}, {}
         for key, raw in args.items():
             try:
-                values[key] = _knob_value(key, raw) if key in KNOBS_BY_KEY else _READERS[key](raw)
+                if key in KNOBS_BY_KEY:
+                    knobs[key] = _knob_value(key, raw)
+                elif key in SERVER_ARGUMENTS:
+                    server[SERVER_ARGUMENTS[key].field] = SERVER_ARGUMENTS[key].read(raw)
+                else:
+                    cluster[_CLUSTER_ARGUMENTS[key].field] = _CLUSTER_ARGUMENTS[key].read(raw)
             except ValueError as error:
                 raise ValueError(f"{key}={raw!r}: {error}") from None
-        server = Settings.from_env(environ)
-        batch = server.batch.overridden({k: v for k, v in values.items() if k in KNOBS_BY_KEY})
-        server = dataclasses.replace(server, batch=batch, **_given({
-            "model_roots": values.get("model_roots"),
-            "memory_budget_bytes": (None if "memory_budget_mb" not in values
-                                    else int(values["memory_budget_mb"] * 2**20)),
-            "max_models": values.get("max_models"),
-        }))
-        return cls(server=server, **_given({
-            "num_replicas": values.get("num_replicas"),
-            "replica_cpus": values.get("replica_cpus"),
-            "max_ongoing_requests": values.get("max_ongoing_requests"),
-            "max_replicas_per_node": values.get("max_replicas_per_node"),
-        }))
+        base = Settings.from_env(environ)
+        batch = base.batch.overridden(knobs)
+        return cls(server=dataclasses.replace(base, batch=batch, **server), **cluster)
 
 
 def _knob_value(key: str, raw: object) -> object:
@@ -132,8 +95,4 @@ def _knob_value(key: str, raw: object) -> object:
     (``BatchSettings`` checks both)."""
     knob = KNOBS_BY_KEY[key]
     return EDGE_PARSERS[knob.kind](raw.strip()) if isinstance(raw, str) else raw
-
-
-def _given(values: dict[str, object]) -> dict[str, object]:
-    return {key: value for key, value in values.items() if value is not None}
 

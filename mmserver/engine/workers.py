@@ -1,0 +1,199 @@
+"""The engine's side of its HTTP workers' connections: each worker's messages, answered.
+
+An ``Ask`` runs the operation it names (``dispatch_table``) as a task of its own; a
+``Rows`` message goes straight into the model's runner, its answer written from the
+request's own callback; ``Free``, ``Count``, ``Stages``, ``Refused`` and ``Cancel`` are
+notices. :class:`Workers` tells every connection what changed (a model loaded or
+unloaded, a runner that starts or stops refusing). ``engine.engine`` is the process
+around them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+
+from mmserver.batching.reservation import Reservation
+from mmserver.engine.channel import Channel
+from mmserver.engine.client import CodecsChanged
+from mmserver.engine.messages import (
+    Admission,
+    Ask,
+    Cancel,
+    Changed,
+    Count,
+    Failed,
+    Free,
+    dispatch,
+    Refused,
+    Result,
+    Rows,
+    RowsResult,
+    Stages,
+)
+from mmserver.engine.shared import pack, unpack
+from mmserver.errors import InvocationTimeout, MMServerError, QueueFull
+
+log = logging.getLogger(__name__)
+
+
+class WorkerConnection:
+    """One worker's channel: its messages (``engine.messages``), answered as they finish.
+
+    An operation runs as a task of its own. Rows (an invocation the worker decoded) take no
+    task: they are queued in the model's runner as their message is read, and the runner's
+    answer is written into the connection's answer arena from the request's own callback,
+    so a burst of requests costs the engine a few calls each. Every ``Rows`` message gets
+    exactly one reply, whatever happens to it, so that the worker knows when its region of
+    shared memory is free again (the rows were copied out on arrival).
+
+    A ``Cancel`` notice (the worker's client went away, so aiohttp cancelled its handler)
+    cancels that operation here too, as one process cancels it: a queued invocation
+    leaves the queue uncomputed.
+    """
+
+    def __init__(self, dispatch: dict[str, Callable[..., Awaitable]], service,
+                 channel: Channel):
+        self.dispatch = dispatch
+        self.service = service
+        self.channel = channel
+        self._tasks: dict[int, asyncio.Task] = {}
+        self._queued: dict[int, Reservation] = {}
+        #: What each kind a worker sends does; any other kind is a protocol error.
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            Rows: self._rows, Free: self._free, Count: self._count, Cancel: self._cancel,
+            Refused: self._refused, Ask: self._ask, Stages: self._stages}
+
+    def on_messages(self, messages: list) -> None:
+        dispatch(self._handlers, messages, "the engine", "a worker")
+
+    def _ask(self, message: Ask) -> None:
+        request_id = message.request_id
+        task = self._tasks[request_id] = asyncio.create_task(
+            _answer(self.dispatch, self.channel, message))
+        task.add_done_callback(lambda _: self._tasks.pop(request_id, None))
+
+    def _free(self, message: Free) -> None:
+        free = self.channel.outgoing.free
+        for offset in message.offsets:
+            free(offset)
+
+    def _count(self, message: Count) -> None:
+        request_done = self.service.metrics.request_done
+        for name, status, seconds, unavailable in message.invocations:
+            request_done(name, status, seconds, unavailable)
+
+    def _stages(self, message: Stages) -> None:
+        record_stages = self.service.record_stages
+        for name, *seconds in message.answers:
+            record_stages(name, *seconds)
+
+    def _refused(self, message: Refused) -> None:
+        self.service.count_refusal(message.name)
+
+    def _cancel(self, message: Cancel) -> None:
+        request_id = message.request_id
+        task = self._tasks.get(request_id)
+        if task is not None:
+            task.cancel()
+        queued = self._queued.get(request_id)
+        if queued is not None:
+            queued.withdraw()
+
+    def _rows(self, message: Rows) -> None:
+        channel, request_id, name = self.channel, message.request_id, message.name
+        try:
+            model = self.service.serving(name)
+            if model.generation != message.generation:
+                raise CodecsChanged(f"model {name!r} was loaded again")
+            request = model.submit_rows(unpack(message.descriptor, channel.incoming, copy=True),
+                                        self.service.pipeline)
+        except MMServerError as error:
+            channel.send(Failed(request_id, error))
+            return
+        except Exception:  # noqa: BLE001 - the worker answers 500; the cause stays in this log
+            log.exception("engine: queueing rows for model %s failed", name)
+            channel.send(Failed(request_id, None))
+            return
+        self._queued[request_id] = request
+        request.future.add_done_callback(
+            lambda future: self._answer_rows(request_id, model, request, future))
+
+    def _answer_rows(self, request_id: int, model, request: Reservation,
+                     future: asyncio.Future) -> None:
+        self._queued.pop(request_id, None)
+        channel = self.channel
+        if channel.closed:
+            return
+        if future.cancelled():
+            channel.send(Failed(request_id, None))  # the worker gave up; its region is free
+            return
+        error = future.exception()
+        if error is None:
+            try:
+                descriptor, region = pack(future.result(), channel.outgoing)
+            except Exception:  # noqa: BLE001 - as any failed operation
+                log.exception("engine: answering rows of model %s failed", model.name)
+                channel.send(Failed(request_id, None))
+            else:
+                queued = request.queued
+                channel.send(RowsResult(request_id, descriptor, region,
+                                        queued.started - queued.arrival,
+                                        queued.ended - queued.started))
+            return
+        if isinstance(error, InvocationTimeout):
+            error = self.service.pipeline.timed_out(model.name)
+        channel.send(Failed(request_id, error if isinstance(error, MMServerError) else None))
+
+
+class Workers:
+    """The engine's connections, and what it tells all of them: a model was loaded or
+    unloaded (forget its codecs), or its queue filled or has room again (refuse, or stop
+    refusing, before reading a body)."""
+
+    def __init__(self, dispatch: dict[str, Callable[..., Awaitable]], service):
+        #: Each operation a worker may ask, and what answers it (``engine.dispatch_table``).
+        self.dispatch = dispatch
+        #: The engine's service (``http.local.LocalService``).
+        self.service = service
+        self._connections: set[WorkerConnection] = set()
+
+    def connected(self, channel: Channel):
+        connection = WorkerConnection(self.dispatch, self.service, channel)
+        self._connections.add(connection)
+        channel.lost.add_done_callback(lambda _: self._connections.discard(connection))
+        return connection.on_messages
+
+    def tell(self, message: Changed | Admission) -> None:
+        for connection in self._connections:
+            connection.channel.send(message)
+
+    def model_changed(self, model, loaded: bool) -> None:
+        self.tell(Changed(model.name))
+        if loaded:
+            model.watch_admission(
+                lambda refusal, name=model.name: self.tell(Admission(name, (
+                    refusal if isinstance(refusal, QueueFull) else None))))
+
+    def close(self) -> None:
+        for connection in list(self._connections):
+            connection.channel.close()
+
+
+async def _answer(dispatch: dict[str, Callable[..., Awaitable]], channel: Channel,
+                  ask: Ask) -> None:
+    try:
+        operation = dispatch.get(ask.method)
+        if operation is None:
+            raise MMServerError(f"the engine has no operation {ask.method!r}")
+        result = await operation(*ask.arguments)
+    except MMServerError as error:
+        channel.send(Failed(ask.request_id, error))
+    except Exception:  # noqa: BLE001 - the worker answers 500; the cause stays in this log
+        log.exception("engine operation %s failed", ask.method)
+        channel.send(Failed(ask.request_id, None))
+    else:
+        channel.send(Result(ask.request_id, result))
