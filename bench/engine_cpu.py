@@ -44,8 +44,9 @@ import psutil
 
 from mmserver.config import Settings
 from mmserver.engine.client import EngineService
-from mmserver.engine.supervisor import spawn_engine, wait_ready
+from mmserver.engine.spawn import spawn_engine, wait_ready
 from mmserver.harness.simulated_device import write_model_folder
+from mmserver.http.local import LocalService
 from mmserver.http.service import Call
 from mmserver.wires import ToolkitHeaders
 
@@ -187,7 +188,7 @@ def main() -> None:
         Settings.from_env(), model_roots=(root,),
         preload=(("rows", str(root / "rows")), ("bodies", str(root / "bodies"))))
     socket_path = str(root / "engine.sock")
-    engine, ready = spawn_engine(settings, socket_path, "WARNING", None)
+    engine, ready = spawn_engine(settings, socket_path, "WARNING", None, service=LocalService)
     try:
         answer = wait_ready(engine, ready, [])
         if answer is None or answer[0] != "ready":

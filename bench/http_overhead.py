@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
-from mmserver.cli import event_loop  # noqa: E402
+from mmserver.process import event_loop  # noqa: E402
 from mmserver.harness.testing import ServerProcess  # noqa: E402
 
 BODY = json.dumps([[float(i) for i in range(16)]]).encode()

@@ -1,4 +1,5 @@
-"""The Ray Serve and LitServe peers of ``bench/peers.py``, one function each.
+"""The Ray Serve and LitServe peers of ``bench/peers.py``, one function each, and the Ray
+Serve peer of ``bench/text_batching.py`` (``ray-text``: minilm with a token budget).
 
 ``peers.py`` starts ``python bench/peer_servers.py ray|litserve --port PORT --model-dir DIR
 --max-batch-size 16 --max-wait-ms 5 --max-queue-size 256`` pinned to the server core with
@@ -74,6 +75,71 @@ def serve_ray(port: int, model_dir: Path, max_batch_size: int, max_wait_ms: floa
             ray.shutdown()
 
 
+def serve_ray_text(port: int, model_dir: Path, max_batch_tokens: int, max_wait_ms: float,
+                   max_queue_size: int) -> None:
+    """The minilm example folder behind Ray Serve, its batches bounded by padded tokens.
+
+    As ``serve_ray``, but each request is a JSON list of strings, tokenized in the request's
+    handler with the folder's own tokenizer (as mmserver tokenizes in its decode step), and
+    ``@serve.batch`` counts a batch's size with ``batch_size_fn``: rows × the longest row,
+    the padded tokens of the call, at most ``max_batch_tokens``. Serve's batch has no second
+    bound on rows, so unlike mmserver's ``max_batch_size`` of 64 nothing caps them but the
+    budget. The call pads to the batch's longest and runs the folder's ``predict_fn``.
+    """
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    import json
+
+    import ray
+    from ray import serve
+
+    from mmserver.batching.sequences import collate
+    from mmserver.text import TextCodec
+
+    def padded_tokens(items: list) -> int:
+        return len(items) * max(item.longest for item in items)
+
+    @serve.deployment(num_replicas=1, max_ongoing_requests=max_queue_size,
+                      ray_actor_options={"num_cpus": 1})
+    class Text:
+        def __init__(self, folder: str):
+            torch.set_num_threads(1)
+            spec = importlib.util.spec_from_file_location(
+                "minilm_code", Path(folder) / "code" / "inference.py")
+            self.code = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(self.code)
+            self.model = self.code.model_fn(folder)
+            settings = json.loads((Path(folder) / "mmserver.json").read_text())
+            self.codec = TextCodec.declared(settings["text"], Path(folder))
+
+        @serve.batch(max_batch_size=max_batch_tokens, batch_wait_timeout_s=max_wait_ms / 1000,
+                     batch_size_fn=padded_tokens)
+        async def embed(self, requests: list) -> list[list]:
+            with torch.inference_mode():
+                vectors = self.code.predict_fn(collate(requests), self.model).tolist()
+            answers, start = [], 0
+            for request in requests:
+                answers.append(vectors[start:start + len(request)])
+                start += len(request)
+            return answers
+
+        async def __call__(self, request) -> list:
+            return await self.embed(self.codec.tokenized(json.loads(await request.body())))
+
+    with tempfile.TemporaryDirectory(prefix="ray-", ignore_cleanup_errors=True) as tmp:
+        ray.init(num_cpus=1, include_dashboard=False, object_store_memory=100 * 2**20,
+                 _temp_dir=tmp, log_to_driver=False)
+        signal.signal(signal.SIGTERM, _exit)
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port},
+                        proxy_location="HeadOnly")
+            serve.run(Text.bind(str(model_dir)), route_prefix="/")
+            signal.pause()
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+
+
 if importlib.util.find_spec("litserve") is not None:
     import litserve
     from fastapi import Body
@@ -128,14 +194,15 @@ def serve_litserve(port: int, model_dir: Path, max_batch_size: int, max_wait_ms:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("peer", choices=("ray", "litserve"))
+    parser.add_argument("peer", choices=("ray", "litserve", "ray-text"))
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model-dir", type=Path, required=True)
-    parser.add_argument("--max-batch-size", type=int, required=True)
+    parser.add_argument("--max-batch-size", type=int, required=True,
+                        help="rows; for ray-text, padded tokens (max_batch_tokens)")
     parser.add_argument("--max-wait-ms", type=float, required=True)
     parser.add_argument("--max-queue-size", type=int, required=True)
     args = parser.parse_args()
-    serve = serve_ray if args.peer == "ray" else serve_litserve
+    serve = {"ray": serve_ray, "litserve": serve_litserve, "ray-text": serve_ray_text}[args.peer]
     serve(args.port, args.model_dir, args.max_batch_size, args.max_wait_ms, args.max_queue_size)
 
 

@@ -78,7 +78,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
-from mmserver.cli import event_loop  # noqa: E402
+from mmserver.process import event_loop  # noqa: E402
 from mmserver.harness.testing import ServerProcess, free_port, http_request  # noqa: E402
 
 INPUT_SHAPE = (3, 32, 32)

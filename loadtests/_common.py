@@ -22,8 +22,11 @@ Request names (rows of locust's statistics):
 ``invoke <model>``
     a 200 answer; its latency is the latency to report.
 ``invoke <model> (shed 503)``
-    a 503 "queue full" answer, for scenarios where shedding is the expected
-    outcome of the offered load (open loop, overload): counted, not a failure.
+    a 503 "queue full" answer (type ``QueueFull``), for scenarios where shedding
+    is the expected outcome of the offered load (open loop, overload): counted,
+    not a failure. A 503 for another reason (``EngineUnavailable``,
+    ``ReplicaUnavailable``, ``ModelStillLoading``, ``ModelUnhealthy``) is a
+    failure whose message names its type.
 ``invoke <model> (model unloaded)``
     a 404 from a model the churn user has just unloaded.
 """
@@ -48,6 +51,7 @@ from loadtests._names import (
     DEFAULT_EXAMPLES_DIR,
     EXAMPLES_ENV,
     invoke_name,
+    is_shed,
     shed_name,
     unloaded_name,
 )
@@ -90,6 +94,8 @@ def _add_options(parser, **_kwargs):
                        help="ManyModelsUser: Zipf exponent of model popularity")
     group.add_argument("--mm-churn-interval", type=float, default=1.0,
                        help="ChurnUser: seconds between unload/reload cycles")
+    group.add_argument("--mm-long-fraction", type=float, default=0.2,
+                       help="SentencesUser: the share of long texts (loadtests/texts.py's mix)")
 
 
 def option(environment, name: str, default=None):
@@ -302,8 +308,12 @@ class InvokeUser(FastHttpUser):
         return target / max(1, STATE.users)
 
     # -- requests --
-    def invoke(self, model: str, example: str, churned: bool = False, label: str | None = None):
-        body, headers = payload(example)
+    def invoke(self, model: str, example: str, churned: bool = False, label: str | None = None,
+               body: bytes | None = None, headers: dict[str, str] | None = None):
+        """One invocation of ``model`` with ``example``'s one-row body, or ``body`` and
+        ``headers`` when given; ``label`` names its rows in the statistics."""
+        if body is None:
+            body, headers = payload(example)
         name = invoke_name(label or model)
         with self.client.post(f"/models/{model}/invoke", data=body, headers=headers,
                               name=name, catch_response=True) as response:
@@ -311,7 +321,7 @@ class InvokeUser(FastHttpUser):
             if status == 200:
                 if not (response.content or b"").startswith((b"[", b"{")):
                     response.failure(f"200 without a JSON body: {response.content[:80]!r}")
-            elif status == 503 and self.shed_ok:
+            elif self.shed_ok and is_shed(status, _error_type(response)):
                 response.request_meta["name"] = shed_name(label or model)
                 response.success()
             elif status == 404 and churned and _error_type(response) in UNLOADED_TYPES:

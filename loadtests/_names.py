@@ -16,6 +16,10 @@ EXAMPLES_ENV = "MMSERVER_EXAMPLES_DIR"
 
 SHED_SUFFIX = " (shed 503)"
 UNLOADED_SUFFIX = " (model unloaded)"
+#: The error type of the one 503 that is load shed on purpose: a full queue. A 503 for
+#: another reason (an engine or a replica unavailable, a model loading again or stuck) is a
+#: failure, named by its type, never shed (``mmserver.errors.Unavailable``).
+SHED_TYPE = "QueueFull"
 
 
 def invoke_name(model: str) -> str:
@@ -26,6 +30,11 @@ def invoke_name(model: str) -> str:
 def shed_name(model: str) -> str:
     """The request name of a 503 that shedding was the expected answer to."""
     return invoke_name(model) + SHED_SUFFIX
+
+
+def is_shed(status: int, error_type: str | None) -> bool:
+    """Whether an answer is load shed: a 503 of a full queue, and no other."""
+    return status == 503 and error_type == SHED_TYPE
 
 
 def unloaded_name(model: str) -> str:

@@ -1,7 +1,8 @@
 """Everything notebook 08 measures on a CUDA machine, in one command; writes ``results/cuda/``.
 
-    python -m loadtests.accelerator                 # on a GPU host: ~30-40 min
-    python -m loadtests.accelerator --quick         # a smoke test (~3 min): fewer sizes, no full sweep
+    python -m loadtests.accelerator                 # on a GPU host: ~10 min, steps 1, 2 and 3
+    python -m loadtests.accelerator --sweep         # and step 4, the full sweep: ~30-40 min more
+    python -m loadtests.accelerator --quick         # a smoke test (~3 min): fewer sizes, short runs
     python -m loadtests.accelerator --allow-cpu --quick --out build/accel   # the script itself, on a CPU
 
 1. **In-process**, for resnet18 and resnet50 at 224x224 (random weights, fp32), every batch
@@ -11,11 +12,15 @@
    (``pageable_ms``), the answer copied back in both. -> ``inprocess.csv``
 2. **Through mmserver**: ``bench/accelerator_efficiency.py`` for each model (mmserver's
    throughput / the raw model's at the batch sizes the server formed). -> ``efficiency.txt``
-3. **The sweep** (``python -m loadtests.sweep --model resnet50-224`` and ``resnet18-224``, the
+3. **HTTP workers**: ``bench/device_efficiency.py --http-workers 1,2,4,8`` (the simulated device
+   of that script, so the GPU is not used: the host's cores are what is measured), one process
+   against 1, 2, 4 and 8 HTTP workers over one engine, with each side's CPU per request: the
+   inputs of docs/design.md section 12's scaling model. -> ``workers.txt``
+4. **The sweep**, with ``--sweep`` only (``python -m loadtests.sweep --model resnet50-224`` and ``resnet18-224``, the
    GPU grid of ``loadtests.sweep.GPU_FULL``), the server on a few cores and locust on the rest
    in multi-process mode. -> ``resnet50-224/`` and ``resnet18-224/`` (``sweep.csv`` and plots)
 
-Nothing is overwritten that is already there: the sweeps resume, and the other two steps are
+Nothing is overwritten that is already there: the sweeps resume, and the other steps are
 skipped if their file exists (``--force`` redoes them).
 """
 
@@ -98,13 +103,25 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
+def _bench(script: str, *arguments: str) -> str | None:
+    """``bench/<script> arguments``: what it printed (echoed here too), or None if it failed
+    (its error output echoed)."""
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / script), *arguments],
+                            cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    print(result.stdout, end="", flush=True)
+    if result.returncode:
+        print(result.stderr[-3000:], file=sys.stderr)
+        return None
+    return result.stdout
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtests.accelerator",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "cuda")
     p.add_argument("--quick", action="store_true", help="few batch sizes, short runs, no full sweep")
     p.add_argument("--allow-cpu", action="store_true", help="run without CUDA (to try the script)")
-    p.add_argument("--skip-sweep", action="store_true")
+    p.add_argument("--sweep", action="store_true", help="also run the full sweep (step 4)")
     p.add_argument("--force", action="store_true", help="redo steps whose files exist")
     args = p.parse_args(argv)
 
@@ -132,18 +149,24 @@ def main(argv=None) -> int:
     if args.force or not efficiency.exists():
         lines = []
         for name in (MODELS if device.type == "cuda" else ("resnet18",)):
-            command = [sys.executable, str(REPO_ROOT / "bench" / "accelerator_efficiency.py"),
-                       "--model", name, "--seconds", "3" if quick else "10"]
-            result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True,
-                                    check=False)
-            print(result.stdout, end="", flush=True)
-            if result.returncode:
-                print(result.stderr[-3000:], file=sys.stderr)
-                return result.returncode
-            lines.append(f"$ python bench/accelerator_efficiency.py --model {name}\n{result.stdout}")
+            printed = _bench("accelerator_efficiency.py", "--model", name,
+                             "--seconds", "3" if quick else "10")
+            if printed is None:
+                return 1
+            lines.append(f"$ python bench/accelerator_efficiency.py --model {name}\n{printed}")
         efficiency.write_text("\n".join(lines))
 
-    if args.skip_sweep:
+    workers = out / "workers.txt"
+    if args.force or not workers.exists():
+        counts = "1,2" if device.type == "cpu" else "1,2,4,8"
+        printed = _bench("device_efficiency.py", "--http-workers", counts,
+                         "--seconds", "2" if quick else "4")
+        if printed is None:
+            return 1
+        workers.write_text(f"$ python bench/device_efficiency.py --http-workers {counts} "
+                           f"({os.cpu_count()} CPUs)\n{printed}")
+
+    if not args.sweep:
         return 0
     cpus = os.cpu_count() or 2
     server_cpus = "0-3" if cpus >= 8 else "0"
