@@ -58,7 +58,8 @@ LABEL com.amazonaws.sagemaker.capabilities.multi-models=true \
 ENV MMSERVER_HOST=0.0.0.0 \
     MMSERVER_MODEL_ROOTS=/opt/ml/models
 
-EXPOSE 8080
+# 8081: the v2 protocol over gRPC (MMSERVER_GRPC_PORT; 0 turns it off).
+EXPOSE 8080 8081
 USER 1000:1000
 WORKDIR /home/mmserver
 

@@ -14,13 +14,16 @@ $(STAMP): pyproject.toml
 
 EXAMPLES := build/examples
 PORT ?= 8080
+GRPC_PORT ?= 8081
 
 serve: $(STAMP)
 	$(BIN)/python -m mmserver examples $(EXAMPLES)
-	$(BIN)/python -m mmserver serve --host 127.0.0.1 --port $(PORT) --model-root $(EXAMPLES) \
+	$(BIN)/python -m mmserver serve --host 127.0.0.1 --port $(PORT) --grpc-port $(GRPC_PORT) \
+		--model-root $(EXAMPLES) \
 		--preload digits=$(EXAMPLES)/digits/model \
 		--preload resnet18=$(EXAMPLES)/resnet18/model \
-		--preload tabular=$(EXAMPLES)/tabular/model
+		--preload tabular=$(EXAMPLES)/tabular/model \
+		--preload minilm=$(EXAMPLES)/minilm/model
 
 test: $(STAMP)
 	$(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)
