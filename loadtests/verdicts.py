@@ -158,8 +158,12 @@ def fills_by_itself(run: Measurement) -> Verdict:
         raise Incomparable(f"{run.describe()} holds no mean batch and MAX_BATCH_SIZE")
     holds = mean_batch >= definitions.SATURATED_BATCH_SHARE * cap
     word = "filled by themselves" if holds else "did not fill by themselves"
+    where = run.where
+    clients = where.get("users", where.get("connections"))
+    load = (f"with {clients} closed-loop clients" if clients is not None
+            else f"at {where['offered_rps']:g} requests/s offered" if "offered_rps" in where else "at this load")
     return Verdict("batches fill by themselves", holds, word,
-                   f"Saturated, {run.model}'s batches {word}: {mean_batch:g} of {cap} rows on average "
+                   f"{run.model}'s batches {word} {load}: {mean_batch:g} of {cap} rows on average "
                    f"(full means at least {definitions.SATURATED_BATCH_SHARE:.0%}).")
 
 

@@ -127,6 +127,9 @@ def test_fills_by_itself():
     assert verdicts.fills_by_itself(capacity(16.0)).word == "filled by themselves"
     short = verdicts.fills_by_itself(capacity(8.3))
     assert not short.holds and "did not fill" in short.sentence
+    loaded = measurement("capacity", "resnet18", 400.0, "requests/s", (390, 410), 3,
+                         {"max_batch_size": 16, "offered_rps": 120}, {"mean_batch": 4.0})
+    assert "at 120 requests/s offered" in verdicts.fills_by_itself(loaded).sentence   # the load, not "saturated"
     with pytest.raises(Incomparable):
         verdicts.fills_by_itself(measurement("capacity", "x", 1.0, "requests/s", (1, 1), 1))
 
