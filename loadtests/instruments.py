@@ -392,8 +392,21 @@ class Window:
     cpu_by_process: tuple[tuple[str, float], ...] = ()
 
 
+class _Windows:
+    """What a run of server :class:`Window` s sums: a field over its windows, its mean batch."""
+
+    windows: tuple
+
+    def total(self, field: str) -> float:
+        return sum(getattr(w, field) for w in self.windows)
+
+    @property
+    def mean_batch(self) -> float:
+        return self.total("rows") / self.total("calls") if self.total("calls") else 0.0
+
+
 @dataclasses.dataclass(frozen=True)
-class ServerRun:
+class ServerRun(_Windows):
     """:func:`saturate`'s windows of one model, and how it was driven."""
 
     model: str
@@ -403,13 +416,6 @@ class ServerRun:
     windows: tuple[Window, ...]
     #: who drove the load when not :func:`saturate`'s own clients (e.g. ``"locust SteadyUser"``)
     driver: str | None = None
-
-    def total(self, field: str) -> float:
-        return sum(getattr(w, field) for w in self.windows)
-
-    @property
-    def mean_batch(self) -> float:
-        return self.total("rows") / self.total("calls") if self.total("calls") else 0.0
 
     def conditions(self, **more) -> dict[str, Any]:
         driven = {"driver": self.driver} if self.driver else {}
@@ -1237,7 +1243,7 @@ def queue_wait(run, client: int | None = None) -> Measurement:
 
 
 @dataclasses.dataclass(frozen=True)
-class BurstRun:
+class BurstRun(_Windows):
     """:func:`bursts`' record of one model on one server: per burst, the server's counts (a
     :class:`Window`, ``server_cpu_s`` not read) and every request's latency at the client."""
 
@@ -1250,13 +1256,6 @@ class BurstRun:
     windows: tuple[Window, ...]
     latencies: tuple[tuple[float, ...], ...]   #: seconds, [burst][request]
     batch_buckets: tuple[tuple[float, float], ...]   #: (le, calls) cumulative over the run
-
-    def total(self, field: str) -> float:
-        return sum(getattr(w, field) for w in self.windows)
-
-    @property
-    def mean_batch(self) -> float:
-        return self.total("rows") / self.total("calls") if self.total("calls") else 0.0
 
     def conditions(self, **more) -> dict[str, Any]:
         return {"max_batch_size": self.max_batch_size, "max_wait_ms": self.max_wait_ms,
@@ -1445,7 +1444,8 @@ SWEEP_QUANTITIES = {"mean batch": ("mean_batch_size", "rows", 1.0),
                     "device time per request": ("device_seconds_per_request", "s", 1.0),
                     "busy fraction": ("device_busy_fraction", "share", 1.0),
                     "queue wait": ("mean_queue_wait_ms", "s", 1e-3),
-                    "p50": ("p50_ms", "s", 1e-3), "p99": ("p99_ms", "s", 1e-3)}
+                    "p50": ("p50_ms", "s", 1e-3), "p99": ("p99_ms", "s", 1e-3),
+                    "throughput": ("achieved_rps", "requests/s", 1.0)}
 
 
 def sweep_point(row: Mapping[str, Any]) -> dict[str, Measurement]:

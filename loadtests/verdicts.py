@@ -17,7 +17,8 @@ must not, including the counterexamples of the lesson's review.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 if not __package__:  # locust -f loadtests imports each file on its own, from anywhere
     import _repo_path  # noqa: F401
@@ -195,7 +196,8 @@ def wait_saved(greedy: Measurement, waiting: Measurement) -> Verdict:
             else greedy.where.get("load", "the same load"))
     return Verdict("the wait saved device time", holds, word,
                    f"At {load}, the wait {word} device time per request: "
-                   f"{waiting.value * 1e3:.2f} ms against greedy's {greedy.value * 1e3:.2f} ms ({saved:+.0%}"
+                   f"{waiting.value * 1e3:.2f} ms against greedy's {greedy.value * 1e3:.2f} ms "
+                   f"({abs(saved):.0%} {'less' if saved >= 0 else 'more'}"
                    f"{'' if holds else f', noise band {definitions.NOISE_BAND:.0%}'}).")
 
 
@@ -915,3 +917,76 @@ def _value(record: Measurement) -> str:
     if record.unit == "s":
         return f"{record.value * 1e6:.0f} µs" if record.value < 1e-3 else f"{record.value * 1e3:.1f} ms"
     return f"{record.value:.0f} {record.unit}"
+
+
+def setting_label(record: Measurement) -> str:
+    """A sweep point's batching setting as the server's flags name it."""
+    w = record.where
+    label = f"{w['policy']} {w['max_batch_size']}"
+    return label + (f" / {w['max_wait_ms']:g} ms" if w["policy"] == "timer" else "")
+
+
+def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default: str) -> Verdict:
+    """Q(c)'s answer, by the reader's criteria and no others.
+
+    ``points``: one per setting and offered load, each ``{"p99": ..., "throughput": ...,
+    "shed": n}``: the p99 and the served requests/s over the point's repeats
+    (``instruments.over_repeats`` of ``instruments.sweep_point``'s records) and the requests it
+    shed. ``default``: the label (:func:`setting_label`) of the setting a reader runs when
+    nothing says otherwise.
+
+    1. A setting *holds* the budget at a load when its p99 is within ``budget_s`` and it shed
+       nothing there.
+    2. The candidates hold it at the highest load any setting holds it.
+    3. Among them, the most throughput at the next load up; candidates whose throughput over
+       the repeats overlaps the best's (``definitions.indistinguishable``) stay tied.
+    4. A tie goes to ``default`` when it is among them; otherwise the data cannot choose, and
+       the verdict fails and names them. Device time, p50 and the like never enter.
+    """
+    by_setting: dict[str, dict[float, Mapping[str, Any]]] = {}
+    for point in points:
+        p99, rate = point["p99"], point["throughput"]
+        if p99.quantity != "p99" or rate.quantity != "throughput":
+            raise Incomparable(f"need p99 and throughput records, got {p99.quantity!r} and {rate.quantity!r}")
+        if p99.where != rate.where or p99.model != rate.model:
+            raise Incomparable("a point's p99 and throughput come from different runs")
+        by_setting.setdefault(setting_label(p99), {})[p99.where["offered_rps"]] = point
+    models = {point["p99"].model for point in points}
+    if len(models) > 1:
+        raise Incomparable(f"points of different models: {sorted(models)}")
+
+    def holds_at(point) -> bool:
+        return point["p99"].value <= budget_s and point["shed"] == 0
+
+    held = {label: max((load for load, point in at.items() if holds_at(point)), default=None)
+            for label, at in by_setting.items()}
+    budget = f"p99 ≤ {budget_s * 1e3:.0f} ms"
+    if all(load is None for load in held.values()):
+        return Verdict("the data choose one setting", False, "no setting holds",
+                       f"For {budget}: no setting holds it with nothing shed at any load swept.")
+    top = max(load for load in held.values() if load is not None)
+    candidates = [label for label, load in held.items() if load == top]
+    loads = sorted({load for at in by_setting.values() for load in at})
+    above = [load for load in loads if load > top]
+    evidence = f"held {budget} up to {top:g} requests/s: {', '.join(candidates)}"
+    tied = candidates
+    if len(candidates) > 1 and above:
+        nxt = above[0]
+        rates = {label: by_setting[label][nxt]["throughput"] for label in candidates if nxt in by_setting[label]}
+        if rates:
+            best = max(rates, key=lambda label: rates[label].value)
+            tied = [label for label in rates if definitions.indistinguishable(rates[best].spread, rates[label].spread)]
+            tied.sort(key=lambda label: label != best)
+            evidence += (f"; served at {nxt:g} requests/s offered: "
+                         + ", ".join(f"{label} {rates[label].value:.0f} ({rates[label].spread[0]:.0f}–"
+                                     f"{rates[label].spread[1]:.0f})" for label in rates))
+    if len(tied) == 1:
+        word, pick = "run", tied[0]
+    elif default in tied:
+        word, pick = "run the default", default
+    else:
+        return Verdict("the data choose one setting", False, "cannot choose between",
+                       f"For {budget} this sweep cannot choose between {' and '.join(tied)} ({evidence}).")
+    return Verdict("the data choose one setting", True, word,
+                   f"For {budget}, {word}: {pick} ({evidence}"
+                   + (f"; tied: {', '.join(tied)}, so the default" if len(tied) > 1 else "") + ").")

@@ -370,6 +370,9 @@ CASES = {
     "p99 budget": (lambda: verdicts.pick_for_p99_budget([text_point("rows", 16, 100, 150), text_point("tokens", 16, 150, 140)], 0.2),
                    lambda: verdicts.pick_for_p99_budget([text_point("rows", 16, 140, 150, 0.1),
                                                          text_point("tokens", 16, 150, 140, 0.1)], 0.2)),
+    "choose setting": (lambda: verdicts.choose_setting([sweep_point("greedy", 16, 0, 100, 30, 100)], 0.1, "greedy 16"),
+                       lambda: verdicts.choose_setting([sweep_point("timer", 16, 10, 100, 30, 100),
+                                                        sweep_point("timer", 16, 20, 100, 30, 100)], 0.1, "greedy 16")),
 }
 
 
@@ -728,3 +731,61 @@ def test_compared_says_more_less_or_within_the_band():
     assert not fewer and fewer.word == "less than"
     with pytest.raises(Incomparable):
         verdicts.compared(rps(1.0), seconds("t_http", 1e-4), "a", "b")
+
+
+# -- Q(c): which setting for a p99 budget ---------------------------------------------------------
+
+
+def sweep_point(policy: str, b: int, wait_ms: float, load: float, p99_ms: float, served: float,
+                shed: int = 0, spread: float = 0.0):
+    where = {"policy": policy, "max_batch_size": b, "max_wait_ms": wait_ms, "offered_rps": load, "clock": "wall"}
+    return {"p99": measurement("p99", "resnet18", p99_ms / 1e3, "s", (p99_ms / 1e3, p99_ms / 1e3), 2, where),
+            "throughput": measurement("throughput", "resnet18", served, "requests/s",
+                                      (served - spread, served + spread), 2, where),
+            "shed": shed}
+
+
+DEFAULT = "greedy 16"
+
+
+def test_the_setting_that_holds_the_budget_at_the_highest_load_wins():
+    """Not the lowest p99: timer holds 100 ms at 100 and 200 requests/s; greedy's p99 is lower
+    at 100 but it fails at 200."""
+    points = [sweep_point("greedy", 16, 0, 100, 20, 100), sweep_point("greedy", 16, 0, 200, 140, 200),
+              sweep_point("timer", 16, 20, 100, 45, 100), sweep_point("timer", 16, 20, 200, 90, 200)]
+    verdict = verdicts.choose_setting(points, 0.100, DEFAULT)
+    assert verdict.holds and "run: timer 16 / 20 ms" in verdict.sentence
+
+
+def test_a_point_that_shed_does_not_hold_the_budget():
+    points = [sweep_point("greedy", 1, 0, 100, 30, 90, shed=12), sweep_point("greedy", 16, 0, 100, 60, 100)]
+    assert "run: greedy 16" in verdicts.choose_setting(points, 0.100, DEFAULT).sentence
+
+
+def test_a_tie_goes_to_the_throughput_at_the_next_load_then_to_the_default():
+    held = [sweep_point("greedy", 16, 0, 100, 30, 100), sweep_point("greedy", 4, 0, 100, 25, 100)]
+    apart = held + [sweep_point("greedy", 16, 0, 300, 400, 290, spread=5),
+                    sweep_point("greedy", 4, 0, 300, 900, 200, spread=5)]
+    assert verdicts.choose_setting(apart, 0.100, DEFAULT).sentence.startswith("For p99 ≤ 100 ms, run: greedy 16")
+    close = held + [sweep_point("greedy", 16, 0, 300, 400, 280, spread=15),
+                    sweep_point("greedy", 4, 0, 300, 380, 285, spread=15)]
+    verdict = verdicts.choose_setting(close, 0.100, DEFAULT)
+    assert verdict.holds and verdict.word == "run the default" and "greedy 16" in verdict.sentence
+
+
+def test_a_tie_without_the_default_among_it_is_said_not_broken_by_device_time():
+    """The counterexample of the committed run: recommend() broke a tie by least device time
+    and named a timer whose p50 was worse at the same p99; the reader's criteria cannot tell
+    two timers apart, and the verdict says so."""
+    points = [sweep_point("timer", 16, 10, 100, 50, 100), sweep_point("timer", 16, 20, 100, 52, 100)]
+    verdict = verdicts.choose_setting(points, 0.100, DEFAULT)
+    assert not verdict.holds and verdict.word == "cannot choose between"
+    assert "timer 16 / 10 ms and timer 16 / 20 ms" in verdict.sentence
+
+
+def test_no_setting_holds_and_mixed_records_are_refused():
+    assert not verdicts.choose_setting([sweep_point("greedy", 16, 0, 100, 300, 100)], 0.100, DEFAULT).holds
+    mixed = sweep_point("greedy", 16, 0, 100, 30, 100)
+    mixed["throughput"] = sweep_point("greedy", 16, 0, 200, 30, 100)["throughput"]
+    with pytest.raises(Incomparable):
+        verdicts.choose_setting([mixed], 0.100, DEFAULT)

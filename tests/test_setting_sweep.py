@@ -1,0 +1,54 @@
+"""Notebook 07's sweep reader: each point merges its repeats through the instruments (median,
+lowest, highest), counts what every repeat shed, and is set beside the queueing model with the
+t_http measured at its own MAX_BATCH_SIZE."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from conftest import ROOT
+
+if str(ROOT) not in sys.path:  # loadtests/ is a folder of the repository, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from loadtests import queueing, setting_sweep  # noqa: E402
+
+
+def row(policy: str, b: int, wait_ms: float, load: float, p99_ms: float, served: float, shed: int = 0,
+        repeat: int = 0) -> dict:
+    return {"policy": policy, "max_batch_size": b, "max_wait_ms": wait_ms, "effective_max_wait_ms": wait_ms,
+            "offered_rps": load, "repeat": repeat, "failures": 0, "shed_503": shed, "requests": 500,
+            "model": "resnet18", "mean_batch_size": 2.0, "mean_queue_wait_ms": 5.0, "p50_ms": p99_ms / 3,
+            "p99_ms": p99_ms, "achieved_rps": served, "device_seconds_per_request": 0.004,
+            "device_busy_fraction": 0.5}
+
+
+def test_a_point_is_its_repeats_merged_and_its_shed_summed():
+    rows = [row("timer", 16, 50, 140, 90, 139, shed=0, repeat=0), row("timer", 16, 50, 140, 110, 138, shed=3, repeat=1),
+            row("greedy", 16, 0, 140, 40, 140)]
+    points = {p["p99"].where["policy"]: p for p in setting_sweep.points(rows)}
+    timer = points["timer"]
+    assert timer["p99"].value == pytest.approx(0.100) and timer["p99"].spread == pytest.approx((0.090, 0.110))
+    assert timer["throughput"].value == pytest.approx(138.5) and timer["p99"].repeats == 2
+    assert timer["shed"] == 3 and points["greedy"]["shed"] == 0
+
+
+def test_the_model_takes_the_t_http_of_the_points_own_size():
+    cost = queueing.BatchCost(a=0.006, c=0.0016, t1=0.012)
+    t_http = {16: 100e-6, 1: 200e-6}
+    off, on = (setting_sweep.points([row("greedy", b, 0, 40, 50, 40)])[0] for b in (1, 16))
+    assert setting_sweep.predicted(off, cost, t_http) == queueing.predict(cost, 200e-6, 1, 40)
+    assert setting_sweep.predicted(on, cost, t_http) == queueing.predict(cost, 100e-6, 16, 40)
+    four = setting_sweep.points([row("greedy", 4, 0, 40, 50, 40)])[0]
+    assert setting_sweep.predicted(four, cost, t_http) == queueing.predict(cost, 100e-6, 4, 40)
+
+
+def test_model_errors_leave_out_points_past_capacity_or_that_shed():
+    cost = queueing.BatchCost(a=0.006, c=0.0016, t1=0.012)
+    t_http = {16: 100e-6, 1: 200e-6}
+    rows = [row("greedy", 1, 0, 40, 50, 40), row("greedy", 1, 0, 400, 900, 80, shed=900),
+            row("greedy", 16, 0, 100, 60, 100, shed=2)]
+    errors = setting_sweep.model_errors(setting_sweep.points(rows), cost, t_http)
+    expected = 50 / queueing.predict(cost, 200e-6, 1, 40).p99_ms
+    assert errors == {"greedy 1": [pytest.approx(expected)]}
