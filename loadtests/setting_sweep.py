@@ -77,7 +77,7 @@ def print_points(merged: Sequence[Mapping], cost: queueing.BatchCost, t_http_s: 
     """The sweep's table: the client's view, the server's, and the model's p99 beside it."""
     print(f"{'setting':<18} {'offered':>7} {'served':>6} {'shed':>5} {'p50':>5} {'p99 (over repeats)':>19} "
           f"{'batch':>6} {'device/req':>10} | {'model p99':>9} {'measured/model':>14}")
-    print(f"{'':<18} {'req/s':>7} {'req/s':>6} {'':>5} {'ms':>5} {'ms':>19} {'rows':>6} {'ms':>10} | {'ms':>9}")
+    print(f"{'':<18} {'req/s':>7} {'req/s':>6} {'(sum)':>5} {'ms':>5} {'ms':>19} {'rows':>6} {'ms':>10} | {'ms':>9}")
     for p in merged:
         model = predicted(p, cost, t_http_s)
         low, high = p["p99"].spread

@@ -938,8 +938,9 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
     1. A setting *holds* the budget at a load when its p99 is within ``budget_s`` and it shed
        nothing there.
     2. The candidates hold it at the highest load any setting holds it.
-    3. Among them, the most throughput at the next load up; candidates whose throughput over
-       the repeats overlaps the best's (``definitions.indistinguishable``) stay tied.
+    3. Among them, the most throughput at the next load up; a candidate that served within the
+       noise band of the best (``definitions.agree``), or whose range over the repeats overlaps
+       the best's (``definitions.indistinguishable``), stays tied with it.
     4. A tie goes to ``default`` when it is among them; otherwise the data cannot choose, and
        the verdict fails and names them. Device time, p50 and the like never enter.
     """
@@ -969,14 +970,16 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
     loads = sorted({load for at in by_setting.values() for load in at})
     above = [load for load in loads if load > top]
     evidence = f"held {budget} up to {top:g} requests/s: {', '.join(candidates)}"
-    tied = candidates
+    tied, ranked = candidates, False
     if len(candidates) > 1 and above:
         nxt = above[0]
         rates = {label: by_setting[label][nxt]["throughput"] for label in candidates if nxt in by_setting[label]}
         if rates:
             best = max(rates, key=lambda label: rates[label].value)
-            tied = [label for label in rates if definitions.indistinguishable(rates[best].spread, rates[label].spread)]
+            tied = [label for label in rates if definitions.agree(rates[label].value, rates[best].value)
+                    or definitions.indistinguishable(rates[best].spread, rates[label].spread)]
             tied.sort(key=lambda label: label != best)
+            ranked = True
             evidence += (f"; served at {nxt:g} requests/s offered: "
                          + ", ".join(f"{label} {rates[label].value:.0f} ({rates[label].spread[0]:.0f}–"
                                      f"{rates[label].spread[1]:.0f})" for label in rates))
@@ -989,4 +992,5 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
                        f"For {budget} this sweep cannot choose between {' and '.join(tied)} ({evidence}).")
     return Verdict("the data choose one setting", True, word,
                    f"For {budget}, {word}: {pick} ({evidence}"
-                   + (f"; tied: {', '.join(tied)}, so the default" if len(tied) > 1 else "") + ").")
+                   + (f"; tied{', most served first' if ranked else ', no load above to rank them'}: "
+                      f"{', '.join(tied)}; so the default" if len(tied) > 1 else "") + ").")

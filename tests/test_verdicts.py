@@ -767,10 +767,13 @@ def test_a_tie_goes_to_the_throughput_at_the_next_load_then_to_the_default():
     apart = held + [sweep_point("greedy", 16, 0, 300, 400, 290, spread=5),
                     sweep_point("greedy", 4, 0, 300, 900, 200, spread=5)]
     assert verdicts.choose_setting(apart, 0.100, DEFAULT).sentence.startswith("For p99 ≤ 100 ms, run: greedy 16")
-    close = held + [sweep_point("greedy", 16, 0, 300, 400, 280, spread=15),
-                    sweep_point("greedy", 4, 0, 300, 380, 285, spread=15)]
+    close = held + [sweep_point("greedy", 16, 0, 300, 400, 280, spread=1),   # ranges apart, within the band
+                    sweep_point("greedy", 4, 0, 300, 380, 285, spread=1)]
     verdict = verdicts.choose_setting(close, 0.100, DEFAULT)
     assert verdict.holds and verdict.word == "run the default" and "greedy 16" in verdict.sentence
+    assert "most served first" in verdict.sentence
+    alone = verdicts.choose_setting(held, 0.100, DEFAULT)   # no load above the one both hold
+    assert alone.word == "run the default" and "no load above to rank them" in alone.sentence
 
 
 def test_a_tie_without_the_default_among_it_is_said_not_broken_by_device_time():
