@@ -10,7 +10,9 @@ holds its own threads.
 
 The pools count the calls running in their threads (:func:`calls_running`), so
 that a stopping server knows whether one is still inside a model's native code,
-where Python's finalization must not find it (``cli.serve``).
+where Python's finalization must not find it (``cli.serve``). A call counts until
+its thread has let go of everything it made: a tensor freed after finalization
+began would abort the process just the same.
 
 Exceptions that would end a thread or the process (``SystemExit`` from a
 script's ``sys.exit()``, ``KeyboardInterrupt``) are handed back to the caller
@@ -58,6 +60,32 @@ def _deliver(future: asyncio.Future, result: Any, error: BaseException | None) -
         future.set_exception(error)
 
 
+def _run_and_deliver(loop: asyncio.AbstractEventLoop, deliver: Callable[[Any, BaseException | None], None],
+                     function: Callable[..., Any], args: tuple) -> None:
+    """Run one call and hand its outcome to ``loop``; every reference the call made dies
+    with this frame, while the call is still counted as running.
+
+    Why it matters: a tensor freed by a daemon thread releases and retakes the interpreter
+    lock inside torch's C++; if Python's finalization has begun meanwhile, the thread is
+    unwound there, cannot pass the ``noexcept`` frame, and the C++ runtime aborts the
+    process. A thread between calls, or leaving after :meth:`WorkerPool.close`, must hold
+    nothing of the model's, and a stopping server (``exit_past_abandoned_calls``) must see
+    it counted until it holds nothing.
+    """
+    result = error = None
+    try:
+        result = function(*args)
+    except Exception as raised:  # noqa: BLE001 - the caller's answer
+        error = raised
+    except BaseException as raised:  # noqa: BLE001 - never end the thread or process
+        error = UserCodeExit(f"{raised.__class__.__name__}: {raised}")
+        error.__cause__ = raised
+    try:
+        loop.call_soon_threadsafe(deliver, result, error)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass
+
+
 class WorkerPool:
     """``workers`` daemon threads taking calls in arrival order; threads start on first use."""
 
@@ -98,27 +126,13 @@ class WorkerPool:
         thread.start()
 
     def _work(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            loop, deliver, function, args = job
-            result = error = None
+        while (job := self._jobs.get()) is not None:
             _count_running(1)
             try:
-                result = function(*args)
-            except Exception as raised:  # noqa: BLE001 - the caller's answer
-                error = raised
-            except BaseException as raised:  # noqa: BLE001 - never end the thread or process
-                error = UserCodeExit(f"{raised.__class__.__name__}: {raised}")
-                error.__cause__ = raised
+                _run_and_deliver(*job)
             finally:
+                del job  # the call's arguments, freed while it still counts as running
                 _count_running(-1)
-            try:
-                loop.call_soon_threadsafe(deliver, result, error)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                pass
-            del job, deliver, result, error
 
     def close(self) -> None:
         """Let the threads end once their current call returns; a stuck one is abandoned."""
