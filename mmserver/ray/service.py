@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ray.exceptions import RayActorError
-from ray.serve.exceptions import ReplicaUnavailableError
+from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 
 from mmserver import errors
@@ -64,8 +64,12 @@ REGISTRY_CALL_SECONDS = 30.0
 ROUTING_SETTLE_SECONDS = 0.5
 #: Times an invocation is sent again after its replica died before answering.
 REPLICA_LOSS_RETRIES = 1
-#: The errors that mean the replica never answered (it died, or cannot be reached).
-REPLICA_LOST = (RayActorError, ReplicaUnavailableError)
+#: The errors that mean the replica never answered (it died, or cannot be reached, or the
+#: deployment has none running while Serve replaces them).
+REPLICA_LOST = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError)
+#: Times a broadcast is sent again when sending it failed because a replica was just lost:
+#: by then the router has heard of the loss and sends to the replicas still running.
+BROADCAST_RETRIES = 1
 
 
 class ClusterService:
@@ -217,23 +221,36 @@ class ClusterService:
 
     async def _broadcast(self, method: str, *arguments: Any) -> list[Any]:
         """``method(*arguments)``'s answers from every model host; a replica that failed (it
-        died, say) is logged and left out."""
+        died, say) is logged and left out. A broadcast that could not be sent because a
+        replica was lost meanwhile is sent again (``BROADCAST_RETRIES``), then answers 503."""
         timeout = self.settings.model_server_timeout_seconds + CALL_MARGIN_SECONDS
-        try:
-            results = await self.hosts.broadcast(method, *arguments).results_async(
-                timeout_s=timeout, return_exceptions=True)
-        except TimeoutError:
+        for attempt in range(BROADCAST_RETRIES + 1):
+            try:
+                results = await self.hosts.broadcast(method, *arguments).results_async(
+                    timeout_s=timeout, return_exceptions=True)
+                break
+            except TimeoutError:
+                raise errors.ReplicaUnavailable(
+                    f"not every replica answered {method}{arguments!r} within {timeout:g} s; "
+                    "retry") from None
+            except REPLICA_LOST as error:
+                log.warning("%s%r could not reach the replicas (%s: %s)%s", method, arguments,
+                            type(error).__name__, error,
+                            "; sending it again" if attempt < BROADCAST_RETRIES else "")
+        else:
             raise errors.ReplicaUnavailable(
-                f"not every replica answered {method}{arguments!r} within {timeout:g} s; "
-                "retry") from None
+                f"the model hosts could not be reached for {method} while Serve replaces a "
+                "lost replica; retry")
         replies = []
         for result in results:
+            if isinstance(result, BaseException):  # the replica died, or its call was cancelled
+                log.warning("a replica failed %s%r: %s: %s", method, arguments,
+                            type(result).__name__, result)
+                continue
             try:
-                if isinstance(result, BaseException):
-                    raise result
                 replies.append(unwrapped(result))
-            except Exception as error:  # noqa: BLE001 - one replica's failure is not the answer
-                log.warning("a replica failed %s%r: %s", method, arguments, error)
+            except errors.MMServerError as error:  # one replica's refusal is not the answer
+                log.warning("a replica refused %s%r: %s", method, arguments, error)
         return replies
 
 
