@@ -119,3 +119,16 @@ def _processes_started_under(marker: str) -> list[str]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+#: The most lines a code cell may have: a learner reads a cell as one step, and the harness
+#: belongs in ``loadtests/`` and ``notebooks/lesson.py``, not in the cells.
+MAX_CODE_CELL_LINES = 40
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_code_cell_is_a_step_a_reader_can_follow(notebook: Path):
+    nb = nbformat.read(notebook, as_version=4)
+    long = {index: len(cell.source.splitlines()) for index, cell in enumerate(nb.cells)
+            if cell.cell_type == "code" and len(cell.source.splitlines()) > MAX_CODE_CELL_LINES}
+    assert not long, f"code cells over {MAX_CODE_CELL_LINES} lines (cell index: lines): {long}"
