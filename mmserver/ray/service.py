@@ -62,14 +62,13 @@ REGISTRY_CALL_SECONDS = 30.0
 #: to Serve's controller every 0.1 s, which passes them to the routers in its next loop, so
 #: the next request finds the replica that loaded the model instead of loading it elsewhere.
 ROUTING_SETTLE_SECONDS = 0.5
-#: Times an invocation is sent again after its replica died before answering.
+#: Times an invocation is sent again after its replica died before answering, and a
+#: broadcast after Serve could not send it because a replica was just lost (by then the
+#: router has heard of the loss and sends to the replicas still running).
 REPLICA_LOSS_RETRIES = 1
 #: The errors that mean the replica never answered (it died, or cannot be reached, or the
 #: deployment has none running while Serve replaces them).
 REPLICA_LOST = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError)
-#: Times a broadcast is sent again when sending it failed because a replica was just lost:
-#: by then the router has heard of the loss and sends to the replicas still running.
-BROADCAST_RETRIES = 1
 
 
 class ClusterService:
@@ -222,9 +221,9 @@ class ClusterService:
     async def _broadcast(self, method: str, *arguments: Any) -> list[Any]:
         """``method(*arguments)``'s answers from every model host; a replica that failed (it
         died, say) is logged and left out. A broadcast that could not be sent because a
-        replica was lost meanwhile is sent again (``BROADCAST_RETRIES``), then answers 503."""
+        replica was lost meanwhile is sent again (``REPLICA_LOSS_RETRIES``), then answers 503."""
         timeout = self.settings.model_server_timeout_seconds + CALL_MARGIN_SECONDS
-        for attempt in range(BROADCAST_RETRIES + 1):
+        for attempt in range(REPLICA_LOSS_RETRIES + 1):
             try:
                 results = await self.hosts.broadcast(method, *arguments).results_async(
                     timeout_s=timeout, return_exceptions=True)
@@ -236,7 +235,7 @@ class ClusterService:
             except REPLICA_LOST as error:
                 log.warning("%s%r could not reach the replicas (%s: %s)%s", method, arguments,
                             type(error).__name__, error,
-                            "; sending it again" if attempt < BROADCAST_RETRIES else "")
+                            "; sending it again" if attempt < REPLICA_LOSS_RETRIES else "")
         else:
             raise errors.ReplicaUnavailable(
                 f"the model hosts could not be reached for {method} while Serve replaces a "
