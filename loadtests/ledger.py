@@ -3,13 +3,15 @@
 Each notebook records what it measured (an ``instruments.Measurement``: quantity, model,
 conditions, value, spread) with :meth:`Ledger.record`. The file is JSON lines, one record per
 line, appended, so notebooks run one after another (or a re-run of one) add to the same run's
-file. Recording a quantity the ledger already holds for the same model:
+file. Recording a quantity of a model:
 
-* under the **same conditions**, the two values must agree within the noise band
+* already recorded under the **same conditions**, the two values must agree within the noise band
   (``definitions.agree``), or :class:`Contradiction` is raised: a cross-notebook contradiction
   becomes a failing cell, not a reviewer's finding;
-* under **different conditions**, the note returned says which conditions differ (t_http at
-  MAX_BATCH_SIZE 1 and 16 are two quantities, and the sentence must say which one it means).
+* recorded under **different conditions**, the note returned says which conditions differ (t_http at
+  MAX_BATCH_SIZE 1 and 16 are two quantities, and the sentence must say which one it means);
+* with **no earlier record**, the note says that nothing was compared: a notebook run alone must
+  not read as if it had agreed with one that did not run.
 
 Which file: ``MMSERVER_LEDGER`` when set (``tests/test_notebooks.py`` gives each test run its
 own), else ``results/run-ledger.jsonl`` of the checkout; :meth:`Ledger.clear` starts a new run.
@@ -72,8 +74,8 @@ class Ledger:
 
     def check(self, record: Measurement, notebook: str) -> list[str]:
         """What recording ``record`` would say, without recording it: one note per earlier
-        record of the same quantity and model. Raises :class:`Contradiction` when one under the
-        same conditions disagrees beyond the band."""
+        record of the same quantity and model, or one saying that nothing was compared. Raises
+        :class:`Contradiction` when one under the same conditions disagrees beyond the band."""
         notes = []
         for entry in self.earlier(record):
             before = entry.measurement
@@ -90,7 +92,8 @@ class Ledger:
                     f"{notebook} contradicts {entry.notebook}: {record.quantity} of {record.model} under the "
                     f"same conditions is {record.describe()} here against {before.describe()} there, more "
                     f"than the noise band ({self.band:.0%}) apart")
-        return notes
+        return notes or [f"no earlier record of {record.quantity} of {record.model} in this run's ledger: "
+                         "nothing compared."]
 
     def record(self, record: Measurement, notebook: str) -> list[str]:
         """Check ``record`` against the ledger (:meth:`check`), then append it; the notes."""

@@ -17,7 +17,7 @@ must not, including the counterexamples of the lesson's review.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 if not __package__:  # locust -f loadtests imports each file on its own, from anywhere
@@ -983,14 +983,20 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
             evidence += (f"; served at {nxt:g} requests/s offered: "
                          + ", ".join(f"{label} {rates[label].value:.0f} ({rates[label].spread[0]:.0f}–"
                                      f"{rates[label].spread[1]:.0f})" for label in rates))
+    if above:
+        evidence += f"; no setting held it at {_and(f'{load:g}' for load in above)} requests/s"
     if len(tied) == 1:
-        word, pick = "run", tied[0]
-    elif default in tied:
-        word, pick = "run the default", default
-    else:
-        return Verdict("the data choose one setting", False, "cannot choose between",
-                       f"For {budget} this sweep cannot choose between {' and '.join(tied)} ({evidence}).")
-    return Verdict("the data choose one setting", True, word,
-                   f"For {budget}, {word}: {pick} ({evidence}"
-                   + (f"; tied{', most served first' if ranked else ', no load above to rank them'}: "
-                      f"{', '.join(tied)}; so the default" if len(tied) > 1 else "") + ").")
+        return Verdict("the data choose one setting", True, "run", f"For {budget}, run: {tied[0]} ({evidence}).")
+    cannot = f"For {budget} this sweep cannot choose between {_and(tied)}"
+    if default not in tied:
+        return Verdict("the data choose one setting", False, "cannot choose between", f"{cannot} ({evidence}).")
+    order = "most served first" if ranked else "no load above to rank them"
+    return Verdict("the data choose one setting", True, "run the default",
+                   f"{cannot}; the default breaks the tie, so run the default: {default} ({evidence}; "
+                   f"tied, {order}: {', '.join(tied)}).")
+
+
+def _and(items: Iterable[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    items = list(items)
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"

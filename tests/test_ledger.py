@@ -29,7 +29,8 @@ def run(tmp_path) -> ledger.Ledger:
 
 def test_a_record_comes_back_as_written(run):
     record = t_http(131)
-    assert run.record(record, "04") == []
+    (note,) = run.record(record, "04")
+    assert note == "no earlier record of t_http of noop in this run's ledger: nothing compared."
     (entry,) = run.entries()
     assert (entry.notebook, entry.measurement) == ("04", record)
 
@@ -58,7 +59,8 @@ def test_other_conditions_are_named(run):
 def test_other_models_and_quantities_do_not_meet(run):
     run.record(t_http(91), "04")
     other = measurement("t_http", "cnn", 300e-6, "s", (3e-4, 3e-4), 1, {"max_batch_size": 16})
-    assert run.record(other, "04") == []
+    (note,) = run.record(other, "04")
+    assert "nothing compared" in note
 
 
 def test_the_file_comes_from_the_environment(tmp_path, monkeypatch):

@@ -770,10 +770,14 @@ def test_a_tie_goes_to_the_throughput_at_the_next_load_then_to_the_default():
     close = held + [sweep_point("greedy", 16, 0, 300, 400, 280, spread=1),   # ranges apart, within the band
                     sweep_point("greedy", 4, 0, 300, 380, 285, spread=1)]
     verdict = verdicts.choose_setting(close, 0.100, DEFAULT)
-    assert verdict.holds and verdict.word == "run the default" and "greedy 16" in verdict.sentence
+    assert verdict.holds and verdict.word == "run the default"
+    assert verdict.sentence.startswith("For p99 ≤ 100 ms this sweep cannot choose between greedy 4 and greedy 16; "
+                                       "the default breaks the tie, so run the default: greedy 16 (")
     assert "most served first" in verdict.sentence
+    assert "no setting held it at 300 requests/s" in verdict.sentence   # prediction (1): the highest load
     alone = verdicts.choose_setting(held, 0.100, DEFAULT)   # no load above the one both hold
     assert alone.word == "run the default" and "no load above to rank them" in alone.sentence
+    assert "no setting held it" not in alone.sentence   # the highest load swept was held
 
 
 def test_a_tie_without_the_default_among_it_is_said_not_broken_by_device_time():
