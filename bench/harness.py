@@ -35,6 +35,11 @@ from mmserver.harness.testing import (
     taskset_prefix,
 )
 
+if str(Path(__file__).resolve().parents[1]) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # loadtests/ is a folder, not a package
+
+from loadtests.lesson_servers import SmallCNN  # noqa: E402,F401 - the lessons' small CNN, benchmarked too
+
 SERVER_CPU = "0"
 LOAD_CPU = "1"
 REPO = Path(__file__).resolve().parents[1]
@@ -47,21 +52,6 @@ class NoOp(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
-
-
-class SmallCNN(torch.nn.Module):
-    """Three conv layers (32-64-64 channels) on 3x32x32 inputs, 10 classes."""
-
-    def __init__(self):
-        super().__init__()
-        self.features = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-            torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-            torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU(),
-            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.features(x)
 
 
 def save_torchscript(module: torch.nn.Module, example: torch.Tensor, model_dir: Path) -> Path:
