@@ -46,6 +46,7 @@ from pathlib import Path
 import gevent
 from locust import FastHttpUser, events, task
 from locust.runners import MasterRunner, WorkerRunner
+from locust.stats import CSV_STATS_INTERVAL_SEC
 
 from loadtests._names import (
     DEFAULT_EXAMPLES_DIR,
@@ -233,6 +234,11 @@ def _on_test_stop(environment, **_kwargs):
     runner = environment.runner
     if isinstance(runner, WorkerRunner):
         return
+    if option(environment, "csv_prefix", None):
+        # locust rewrites its --csv stats once a second and not again at exit, so the file could
+        # miss the run's last second (a stalled server's backlog answered at the end, say).
+        # The users have stopped: let the writer take one more turn with the final stats.
+        gevent.sleep(1.2 * CSV_STATS_INTERVAL_SEC)
     if isinstance(runner, MasterRunner) and runner.user_count > 0:
         # Headless --run-time/quit: locust stops the master before its workers; unloading
         # now would turn their last requests into 404s. Unload on `quitting` instead.

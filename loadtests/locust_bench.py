@@ -25,6 +25,7 @@ if not __package__:  # locust -f loadtests imports each file on its own, from an
     import _repo_path  # noqa: F401
 
 from loadtests import instruments
+from loadtests._names import SHED_SUFFIX
 
 REPO = Path(__file__).resolve().parent.parent
 #: The percentiles locust writes to its stats CSV, in order.
@@ -105,11 +106,13 @@ class LocustRun:
         return row(self.stats, name)
 
     def loop_summary(self, stall_s: float) -> dict:
-        """The numbers the closed/open-loop table prints, locust's latencies in ms."""
+        """The numbers the closed/open-loop table prints, locust's latencies in ms (of the
+        requests answered 200; ``shed``: those refused with 503, which locust counts apart)."""
         r = self.summary()
         low, high = share_over(r, 0.5 * stall_s * 1e3)
         return {"requests": int(r["Request Count"]), "rps": r["Requests/s"], "p50": r["50%"],
                 "p95": r["95%"], "p99": r["99%"], "max": r["Max Response Time"],
+                "shed": int(row(self.stats, f"invoke {MODEL}{SHED_SUFFIX}")["Request Count"]),
                 "share": (low, high), "largest_batch": largest_bucket(self.batches),
                 "largest_bin": largest_bin(self.batches)}
 

@@ -128,6 +128,10 @@ def test_steady(scenario_server, examples, tmp_path):
     assert failures(stats) == 0
     assert "Shape test" not in output  # the spike's shape stays off unless SpikeUser is chosen
     assert loaded(scenario_server) == before
+    # The --csv file the notebooks read holds the final stats, not those of a second before the end.
+    with open(tmp_path / "locust_stats.csv", newline="") as f:
+        written = {row["Name"]: int(row["Request Count"]) for row in csv.DictReader(f)}
+    assert written["invoke resnet18"] == stats["invoke resnet18"]["num_requests"]
 
 
 def test_sentences_of_both_lengths_are_answered_and_counted_apart(tmp_path_factory, tmp_path):
