@@ -74,7 +74,9 @@ def predicted(point: Mapping, cost: queueing.BatchCost, t_http_s: Mapping[int, f
 
 
 def print_points(merged: Sequence[Mapping], cost: queueing.BatchCost, t_http_s: Mapping[int, float]) -> None:
-    """The sweep's table: the client's view, the server's, and the model's p99 beside it."""
+    """The sweep's table: the client's view, the server's, and the model's p99 beside it, with
+    measured over predicted where the model put the point below capacity and nothing was shed
+    (a point it put below capacity that shed is a miss, :func:`model_misses`)."""
     print(f"{'setting':<18} {'offered':>7} {'served':>6} {'shed':>5} {'p50':>5} {'p99 (over repeats)':>19} "
           f"{'batch':>6} {'device/req':>10} | {'model p99':>9} {'measured/model':>14}")
     print(f"{'':<18} {'req/s':>7} {'req/s':>6} {'(sum)':>5} {'ms':>5} {'ms':>19} {'rows':>6} {'ms':>10} | {'ms':>9}")
@@ -85,6 +87,7 @@ def print_points(merged: Sequence[Mapping], cost: queueing.BatchCost, t_http_s: 
               f"{p['shed']:>5} {p['p50'].value * 1e3:>5.0f} {p['p99'].value * 1e3:>7.0f} ({low * 1e3:.0f}–{high * 1e3:.0f})"
               f"{'':>3} {p['mean batch'].value:>6.2f} {p['device time per request'].value * 1e3:>10.2f} | "
               + (f"{'past capacity':>9}" if model.saturated else
+                 f"{model.p99_ms:>9.0f} {'miss (shed)':>14}" if p["shed"] else
                  f"{model.p99_ms:>9.0f} {p['p99'].value * 1e3 / model.p99_ms:>14.2f}"))
 
 

@@ -115,8 +115,10 @@ def account_explains(served: Measurement, t_http: Measurement, call: Measurement
     ``served``: ``instruments.served_per_cpu_second``; ``t_http``: ``instruments.t_http``;
     ``call``: ``instruments.call_time`` of the same model at ``b`` on the CPU clock. It holds
     only when the account *with* ``t_http`` agrees with the measurement within the noise band
-    **and** the account *without* it does not: an account whose verdict would be the same
-    with ``t_http`` set to zero tests nothing about ``t_http`` (it then says it cannot tell).
+    **and** the account *without* it does not **and** the two accounts differ by more than the
+    band (``t_http`` over the band of ``t(b)/b``): an account whose verdict would be the same
+    with ``t_http`` set to zero, or that a band's worth of noise could move from one side to
+    the other, tests nothing about ``t_http`` (it then says it cannot tell).
     """
     if t_http.quantity != "t_http" or not t_http.value > 0:
         raise Incomparable(f"the account needs a measured t_http, got {t_http.describe()}")
@@ -129,7 +131,8 @@ def account_explains(served: Measurement, t_http: Measurement, call: Measurement
     with_http = served.value * (t_http.value + per_row)
     without_http = served.value * per_row
     explains = definitions.agree(with_http, 1.0)
-    tells = not definitions.agree(without_http, 1.0)
+    resolvable = not definitions.agree(with_http, without_http)   # t_http over the band of t(b)/b
+    tells = resolvable and not definitions.agree(without_http, 1.0)
     if explains and tells:
         word = "explains"
     elif explains:
@@ -142,6 +145,10 @@ def account_explains(served: Measurement, t_http: Measurement, call: Measurement
                 f"{without_http:.2f} without it")
     if word == "explains":
         sentence += f"; only the account with t_http is within the noise band ({definitions.NOISE_BAND:.0%}) of 1."
+    elif explains and not resolvable:
+        sentence += (f"; t_http is {t_http.value / per_row:.0%} of t({batch_size})/{batch_size}, so the two accounts "
+                     f"differ by less than the noise band ({definitions.NOISE_BAND:.0%}): t_http is too small beside "
+                     "the model's call for this measurement to test it.")
     elif explains:
         sentence += (f"; both are within the noise band ({definitions.NOISE_BAND:.0%}) of 1, so t_http is too "
                      "small beside the model's call for this measurement to test it.")
@@ -376,7 +383,7 @@ def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s:
         word = "pick"
         head = f"For a p99 budget of {budget_s * 1e3:.0f} ms, {word} {pick.where[setting]}"
     sentence = head + f" (best within the budget: {listing})"
-    sentence += (f"; never within it: {', '.join(missed)}." if missed else ".")
+    sentence += (f"; not within it at that load: {', '.join(missed)}." if missed else ".")
     return Verdict("one setting serves the most within the p99 budget", not tied, word, sentence)
 
 
@@ -474,7 +481,7 @@ def refused_at_once(refusal: Measurement, expected: Sequence[int]) -> Verdict:
     return Verdict("a full queue refuses at once", holds, word,
                    f"Clients {refused} were refused (503), "
                    + ("each" if busy else "not all") + " while the model was running a batch, "
-                   f"and heard it {word}: within {_ms(refusal.value)} of arriving"
+                   f"and heard it {word}: within {refusal.value * 1e6:.0f} µs of arriving"
                    + ("" if refused == list(expected) else f" (the script expected {list(expected)})") + ".")
 
 
@@ -935,8 +942,9 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
     shed. ``default``: the label (:func:`setting_label`) of the setting a reader runs when
     nothing says otherwise.
 
-    1. A setting *holds* the budget at a load when its p99 is within ``budget_s`` and it shed
-       nothing there.
+    1. A setting *holds* the budget at a load when its p99 is within ``budget_s`` in every
+       repeat (the highest of its range) and it shed nothing there: a setting that broke the
+       budget in one run of two is not one to recommend for it.
     2. The candidates hold it at the highest load any setting holds it.
     3. Among them, the most throughput at the next load up; a candidate that served within the
        noise band of the best (``definitions.agree``), or whose range over the repeats overlaps
@@ -957,7 +965,7 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
         raise Incomparable(f"points of different models: {sorted(models)}")
 
     def holds_at(point) -> bool:
-        return point["p99"].value <= budget_s and point["shed"] == 0
+        return point["p99"].spread[1] <= budget_s and point["shed"] == 0
 
     held = {label: max((load for load, point in at.items() if holds_at(point)), default=None)
             for label, at in by_setting.items()}

@@ -99,6 +99,18 @@ def test_an_account_blind_to_t_http_says_it_cannot_tell():
     assert not verdict.holds and verdict.word.startswith("cannot tell")
 
 
+def test_an_account_whose_t_http_is_under_the_band_of_a_row_says_it_cannot_tell():
+    """07, batching off: efficiency 0.88 with t_http (226 µs) and 0.86 without (12.1 ms a row).
+    One side of the band and the other, yet the two accounts differ by 2 %: a band's worth of
+    noise could swap them, so the account cannot say t_http counts."""
+    per_row, t_http = 12.1e-3, 226e-6
+    served = per_cpu_second(0.88 / (t_http + per_row))
+    verdict = verdicts.account_explains(served, seconds("t_http", t_http, clock="server CPU"),
+                                        seconds("t(1)", per_row, "resnet18"), 1)
+    assert not verdict.holds and verdict.word.startswith("cannot tell")
+    assert "differ by less than the noise band" in verdict.sentence
+
+
 def test_an_account_beaten_by_a_third_does_not_explain():
     """04: 'a little' over a limit beaten by 34 % (efficiency 1.34)."""
     verdict = verdicts.account_explains(per_cpu_second(3289), seconds("t_http", 91e-6, clock="server CPU"),
@@ -755,6 +767,16 @@ def test_the_setting_that_holds_the_budget_at_the_highest_load_wins():
               sweep_point("timer", 16, 20, 100, 45, 100), sweep_point("timer", 16, 20, 200, 90, 200)]
     verdict = verdicts.choose_setting(points, 0.100, DEFAULT)
     assert verdict.holds and "run: timer 16 / 20 ms" in verdict.sentence
+
+
+def test_a_setting_that_broke_the_budget_in_one_repeat_does_not_hold_it():
+    """07's run: greedy 16 at 363 requests/s, p99 114 ms over two repeats (88 and 140) against a
+    120 ms budget, was recommended over a timer whose two repeats were 68 and 100 ms."""
+    greedy = sweep_point("greedy", 16, 0, 363, 114, 365)
+    greedy["p99"] = measurement("p99", "resnet18", 0.114, "s", (0.088, 0.140), 2, greedy["p99"].where)
+    timer = sweep_point("timer", 16, 10, 363, 84, 365)
+    verdict = verdicts.choose_setting([greedy, timer], 0.120, DEFAULT)
+    assert verdict.holds and verdict.sentence.startswith("For p99 ≤ 120 ms, run: timer 16 / 10 ms")
 
 
 def test_a_point_that_shed_does_not_hold_the_budget():
