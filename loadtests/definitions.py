@@ -212,7 +212,8 @@ def serial_limit_rps(t_http: float, call_s: float, batch_rows: float) -> float:
 
 
 def capacity_rps(answered: int, window_s: float, *, shed: int, mean_batch_rows: float,
-                 max_batch_size: int) -> float:
+                 max_batch_size: int, mean_queue_wait_s: float | None = None,
+                 mean_call_s: float | None = None) -> float:
     """Capacity: requests answered (200) per second by a saturated server that shed nothing.
 
     Measured, not predicted: closed-loop clients without think time, at least twice
@@ -222,6 +223,10 @@ def capacity_rps(answered: int, window_s: float, *, shed: int, mean_batch_rows: 
     back nearly full (mean batch ≥ ``SATURATED_BATCH_SHARE`` × MAX_BATCH_SIZE) and nothing was
     shed: a ValueError says which condition failed. What a server serves while shedding is
     less (the 503s take core time), and is not its capacity.
+
+    With batching off (MAX_BATCH_SIZE 1) every call is full, so fullness proves nothing; there
+    a saturated server has requests waiting behind each call, and the check is that the mean
+    queue wait was at least the mean call (``mean_queue_wait_s``, ``mean_call_s``: required).
     """
     _positive(window_s=window_s, max_batch_size=max_batch_size)
     if shed:
@@ -229,6 +234,12 @@ def capacity_rps(answered: int, window_s: float, *, shed: int, mean_batch_rows: 
     if mean_batch_rows < SATURATED_BATCH_SHARE * max_batch_size:
         raise ValueError(f"mean batch {mean_batch_rows:g} < {SATURATED_BATCH_SHARE:g} × "
                          f"{max_batch_size}: the server was not saturated")
+    if max_batch_size == 1:
+        if mean_queue_wait_s is None or mean_call_s is None:
+            raise ValueError("batching off: saturation needs the mean queue wait and the mean call")
+        if not mean_queue_wait_s >= mean_call_s > 0:
+            raise ValueError(f"mean queue wait {mean_queue_wait_s * 1e3:.3g} ms < one call "
+                             f"({mean_call_s * 1e3:.3g} ms): with batching off the server was not saturated")
     return answered / window_s
 
 

@@ -617,14 +617,17 @@ def capacity(run: ServerRun) -> Measurement:
         raise ValueError(f"{run.model}: {run.total('other'):g} answers were neither 200 nor 503: "
                          "a run that fails requests does not measure capacity")
 
-    def one(answered, shed, window_s, rows, calls):
+    fields = ("answered", "shed", "window_s", "rows", "calls", "queue_s", "queued", "model_call_s")
+
+    def one(answered, shed, window_s, rows, calls, queue_s, queued, model_call_s):
         return definitions.capacity_rps(int(answered), window_s, shed=int(shed),
                                         mean_batch_rows=rows / calls if calls else 0.0,
-                                        max_batch_size=run.max_batch_size)
+                                        max_batch_size=run.max_batch_size,
+                                        mean_queue_wait_s=queue_s / queued if queued else 0.0,
+                                        mean_call_s=model_call_s / calls if calls else 0.0)
 
     value, spread = _per_window(
-        run, lambda w: one(w.answered, w.shed, w.window_s, w.rows, w.calls),
-        lambda r: one(*(r.total(f) for f in ("answered", "shed", "window_s", "rows", "calls"))))
+        run, lambda w: one(*(getattr(w, f) for f in fields)), lambda r: one(*(r.total(f) for f in fields)))
     return measurement("capacity", run.model, value, "requests/s", spread, len(run.windows),
                        run.conditions(clock="wall"), run.context())
 

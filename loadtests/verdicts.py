@@ -139,7 +139,7 @@ def account_explains(served: Measurement, t_http: Measurement, call: Measurement
         word = "cannot tell whether t_http counts in"
     else:
         word = "does not explain"
-    direction = ("served more than it allows" if with_http > 1 else "served less than it allows")
+    direction = ("served more than the account predicts" if with_http > 1 else "served less than the account predicts")
     sentence = (f"The account 1 / (t_http + t({batch_size})/{batch_size}) {word} what one core served of "
                 f"{served.model}: efficiency {with_http:.2f} with t_http ({t_http.value * 1e6:.0f} µs), "
                 f"{without_http:.2f} without it")
@@ -203,7 +203,7 @@ def wait_saved(greedy: Measurement, waiting: Measurement) -> Verdict:
             else greedy.where.get("load", "the same load"))
     return Verdict("the wait saved device time", holds, word,
                    f"At {load}, the wait {word} device time per request: "
-                   f"{waiting.value * 1e3:.2f} ms against greedy's {greedy.value * 1e3:.2f} ms "
+                   f"{waiting.value * 1e3:.2f} ms against {greedy.value * 1e3:.2f} ms without the wait "
                    f"({abs(saved):.0%} {'less' if saved >= 0 else 'more'}"
                    f"{'' if holds else f', noise band {definitions.NOISE_BAND:.0%}'}).")
 

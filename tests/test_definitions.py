@@ -130,7 +130,15 @@ def test_serial_limit_at_full_batches_is_the_queueing_models_capacity():
 def test_capacity_is_answers_per_second_when_saturated_and_nothing_shed():
     assert d.capacity_rps(1340, 10.0, shed=0, mean_batch_rows=32.0, max_batch_size=32) == exactly(134.0)
     assert d.capacity_rps(1200, 10.0, shed=0, mean_batch_rows=24.0, max_batch_size=32) == exactly(120.0)
-    assert d.capacity_rps(430, 10.0, shed=0, mean_batch_rows=1.0, max_batch_size=1) == exactly(43.0)
+    assert d.capacity_rps(430, 10.0, shed=0, mean_batch_rows=1.0, max_batch_size=1, mean_queue_wait_s=0.3,
+                          mean_call_s=0.02) == exactly(43.0)
+    # Batching off, every call is full: saturation is requests waiting behind the calls. One client
+    # at a time (no queue) is not saturation, however full its batches of one.
+    with pytest.raises(ValueError, match="not saturated"):
+        d.capacity_rps(43, 10.0, shed=0, mean_batch_rows=1.0, max_batch_size=1, mean_queue_wait_s=0.0001,
+                       mean_call_s=0.02)
+    with pytest.raises(ValueError, match="needs the mean queue wait"):
+        d.capacity_rps(430, 10.0, shed=0, mean_batch_rows=1.0, max_batch_size=1)
 
 
 def test_capacity_refuses_a_run_that_shed_or_was_not_saturated():

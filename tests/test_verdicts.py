@@ -115,7 +115,7 @@ def test_an_account_beaten_by_a_third_does_not_explain():
     """04: 'a little' over a limit beaten by 34 % (efficiency 1.34)."""
     verdict = verdicts.account_explains(per_cpu_second(3289), seconds("t_http", 91e-6, clock="server CPU"),
                                         seconds("t(16)", 16 * 315e-6), 16)
-    assert not verdict.holds and "served more than it allows" in verdict.sentence
+    assert not verdict.holds and "served more than the account predicts" in verdict.sentence
 
 
 def test_the_account_is_per_cpu_second():
