@@ -176,17 +176,24 @@ def fills_by_itself(run: Measurement) -> Verdict:
 
 
 def indistinguishable(a: Measurement, b: Measurement, setting: str = "policy") -> Verdict:
-    """Whether two settings' p99s (records with a spread over repeats) cannot be ranked
-    (``definitions.indistinguishable``). Refused unless measured under the same conditions
+    """Whether two settings' p99s (records with a spread over repeats) cannot be ranked: their
+    ranges overlap (``definitions.indistinguishable``), or their values agree within the noise
+    band (two ranges a millisecond apart rank nothing). Refused unless measured under the same conditions
     but ``setting`` (and MAX_WAIT and MAX_BATCH_SIZE, the settings being compared): the same
     offered load above all."""
     comparable(a, b, ignore=(setting, "max_wait_ms", "max_batch_size"))
-    holds = definitions.indistinguishable(a.spread, b.spread)
+    holds = definitions.indistinguishable(a.spread, b.spread) or definitions.agree(a.value, b.value)
     word = "indistinguishable" if holds else "told apart"
+    where = a.where
+    clients = where.get("clients", where.get("users", where.get("connections")))
+    load = (f"with {clients} closed-loop clients" if clients is not None
+            else f"at {where['offered_rps']:g} requests/s offered" if "offered_rps" in where else "at one load")
     return Verdict("the settings are indistinguishable", holds, word,
-                   f"{a.model} and {b.model} are {word} at this load: p99 {a.spread[0] * 1e3:.0f}–"
-                   f"{a.spread[1] * 1e3:.0f} ms against {b.spread[0] * 1e3:.0f}–{b.spread[1] * 1e3:.0f} ms "
-                   f"over their repeats (a single repeat widened by {definitions.NOISE_BAND:.0%}).")
+                   f"{a.model} and {b.model} are {word} {load}: p99 {a.value * 1e3:.0f} ms "
+                   f"({a.spread[0] * 1e3:.0f}–{a.spread[1] * 1e3:.0f}) against {b.value * 1e3:.0f} ms "
+                   f"({b.spread[0] * 1e3:.0f}–{b.spread[1] * 1e3:.0f}) over their repeats; told apart only when "
+                   f"the ranges miss each other and the values differ by more than the noise band "
+                   f"({definitions.NOISE_BAND:.0%}).")
 
 
 def wait_saved(greedy: Measurement, waiting: Measurement) -> Verdict:
@@ -977,7 +984,9 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
     candidates = [label for label, load in held.items() if load == top]
     loads = sorted({load for at in by_setting.values() for load in at})
     above = [load for load in loads if load > top]
-    evidence = f"held {budget} up to {top:g} requests/s: {', '.join(candidates)}"
+    evidence = (f"held {budget} up to {top:g} requests/s: {', '.join(candidates)}; their highest repeat's p99 "
+                f"there: " + ", ".join(f"{label} {by_setting[label][top]['p99'].spread[1] * 1e3:.0f} ms"
+                                       for label in candidates))
     tied, ranked = candidates, False
     if len(candidates) > 1 and above:
         nxt = above[0]

@@ -779,6 +779,13 @@ def test_a_setting_that_broke_the_budget_in_one_repeat_does_not_hold_it():
     assert verdict.holds and verdict.sentence.startswith("For p99 ≤ 120 ms, run: timer 16 / 10 ms")
 
 
+def test_two_p99_ranges_a_millisecond_apart_are_not_told_apart():
+    """14's run: 220-223 ms against 224-261 ms, values 222 and 243 (1.09x): the ranges miss each
+    other by 1 ms, and the values agree within the band."""
+    close = verdicts.indistinguishable(p99("token budget", 220, 223, 88), p99("rows-only", 224, 261, 88))
+    assert close.holds and close.word == "indistinguishable"
+
+
 def test_a_point_that_shed_does_not_hold_the_budget():
     points = [sweep_point("greedy", 1, 0, 100, 30, 90, shed=12), sweep_point("greedy", 16, 0, 100, 60, 100)]
     assert "run: greedy 16" in verdicts.choose_setting(points, 0.100, DEFAULT).sentence
