@@ -656,7 +656,8 @@ def test_accepted_latency_of_a_lone_probe_is_t1(overloaded):
 def served_by_workers(tmp_path_factory):
     """``--http-workers 2`` over one engine, the known-cost model with nothing to do and with
     2 ms of CPU added per request (both at MAX_BATCH_SIZE 1), saturated by 16 closed-loop
-    clients in 2 rounds of 1 s windows, the CPU of every process of the server counted."""
+    clients in 3 rounds of 1 s windows (3 s per model, so a disturbed moment weighs less),
+    the CPU of every process of the server counted."""
     from loadtests.device_lesson import engine_and_workers
     from mmserver.harness.testing import wait_for_http_workers
     from mmserver.http.app import WORKER_HEADER
@@ -673,7 +674,7 @@ def served_by_workers(tmp_path_factory):
         wait_for_http_workers(server.url, 2, WORKER_HEADER)
         processes = engine_and_workers(server, "plain1")
         runs = instruments.saturate(server, {"plain1": 1, "burdened1": 1}, body, "application/json",
-                                    connections=16, window_s=1.0, lead_s=0.3, warmup_s=0.5, rounds=2,
+                                    connections=16, window_s=1.0, lead_s=0.3, warmup_s=0.5, rounds=3,
                                     processes=processes)
     return runs, processes
 
