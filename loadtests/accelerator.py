@@ -103,16 +103,23 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def _bench(script: str, *arguments: str) -> str | None:
-    """``bench/<script> arguments``: what it printed (echoed here too), or None if it failed
-    (its error output echoed)."""
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / script), *arguments],
-                            cwd=REPO_ROOT, capture_output=True, text=True, check=False)
-    print(result.stdout, end="", flush=True)
-    if result.returncode:
-        print(result.stderr[-3000:], file=sys.stderr)
-        return None
-    return result.stdout
+def _bench(into: Path, script: str, *arguments: str) -> bool:
+    """Run ``bench/<script> arguments``, appending each line it prints to ``into`` (and echoing
+    it) as it comes, so a run stopped part-way keeps what it measured. False if it failed (its
+    error output echoed)."""
+    command = [sys.executable, str(REPO_ROOT / "bench" / script), *arguments]
+    with open(into, "a") as out:
+        out.write(f"$ python bench/{script} {' '.join(arguments)} ({os.cpu_count()} CPUs)\n")
+        with subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) as process:
+            for line in process.stdout:
+                print(line, end="", flush=True)
+                out.write(line)
+                out.flush()
+            errors = process.stderr.read()
+    if process.returncode:
+        print(errors[-3000:], file=sys.stderr)
+    return process.returncode == 0
 
 
 def main(argv=None) -> int:
@@ -147,24 +154,19 @@ def main(argv=None) -> int:
 
     efficiency = out / "efficiency.txt"
     if args.force or not efficiency.exists():
-        lines = []
+        efficiency.unlink(missing_ok=True)
         for name in (MODELS if device.type == "cuda" else ("resnet18",)):
-            printed = _bench("accelerator_efficiency.py", "--model", name,
-                             "--seconds", "3" if quick else "10")
-            if printed is None:
+            if not _bench(efficiency, "accelerator_efficiency.py", "--model", name,
+                          "--seconds", "3" if quick else "10"):
                 return 1
-            lines.append(f"$ python bench/accelerator_efficiency.py --model {name}\n{printed}")
-        efficiency.write_text("\n".join(lines))
 
     workers = out / "workers.txt"
     if args.force or not workers.exists():
-        counts = "1,2" if device.type == "cpu" else "1,2,4,8"
-        printed = _bench("device_efficiency.py", "--http-workers", counts,
-                         "--seconds", "2" if quick else "4")
-        if printed is None:
+        workers.unlink(missing_ok=True)
+        if not _bench(workers, "device_efficiency.py", "--http-workers",
+                      "1,2" if device.type == "cpu" else "1,2,4,8",
+                      "--seconds", "2" if quick else "4"):
             return 1
-        workers.write_text(f"$ python bench/device_efficiency.py --http-workers {counts} "
-                           f"({os.cpu_count()} CPUs)\n{printed}")
 
     if not args.sweep:
         return 0

@@ -245,8 +245,12 @@ def real_gpu(max_batch_size: int, repo: Path) -> str:
         by_size = {int(float(r["batch_size"])): float(r["compute_ms"]) / 1e3 for r in rows if r["model"] == name}
         if all(b in by_size for b in sizes):
             seconds = [by_size[b] for b in sizes]
-            share = definitions.fixed_share(*definitions.fit_cost_line(sizes, seconds))
-            lines.append(f"real GPU (results/cuda/inprocess.csv), {name}: fixed share {share:.0%}, speedup at "
+            fixed_s, per_row_s = definitions.fit_cost_line(sizes, seconds)
+            share = (f"fixed share {definitions.fixed_share(fixed_s, per_row_s):.0%}" if per_row_s > 0
+                     else "fixed share 100% (the cost line through " + ", ".join(
+                         f"t({b}) {by_size[b] * 1e3:.2f} ms" for b in definitions.FIT_BATCH_SIZES)
+                     + " does not rise: a call there is all fixed cost)")
+            lines.append(f"real GPU (results/cuda/inprocess.csv), {name}: {share}, speedup at "
                          f"{max_batch_size} {definitions.speedup(sizes, seconds, max_batch_size):.2f}×")
     return "\n".join(lines) or "results/cuda/inprocess.csv holds no model timed at every size up to B."
 

@@ -739,3 +739,24 @@ def test_over_repeats_takes_the_median_and_refuses_another_point():
     assert combined.repeats == 3
     with pytest.raises(ValueError, match="not a repeat"):
         instruments.over_repeats(records + [instruments.sweep_point(_sweep_row(offered_rps=271.0))["p50"]])
+
+
+def test_real_gpu_reads_the_accelerators_file_and_names_a_flat_cost_line(tmp_path):
+    """A real GPU's small batches can cost the same whatever their rows (the H200 in results/cuda):
+    the cell must say so rather than fail on a line that does not rise."""
+    from loadtests.device_lesson import real_gpu
+
+    assert real_gpu(8, tmp_path).startswith("No real GPU was measured")
+    (tmp_path / "results" / "cuda").mkdir(parents=True)
+    rising = {1: 1.0, 2: 1.2, 4: 1.4, 8: 1.8}
+    flat = {1: 3.4, 2: 3.8, 4: 3.7, 8: 3.6}
+    rows = ["model,device,batch_size,compute_ms"] + [
+        f"{name},cuda,{b},{ms}" for name, times in (("rising", rising), ("flat", flat))
+        for b, ms in times.items()]
+    (tmp_path / "results" / "cuda" / "inprocess.csv").write_text("\n".join(rows) + "\n")
+    lines = real_gpu(8, tmp_path).splitlines()
+    assert lines[0] == ("real GPU (results/cuda/inprocess.csv), flat: fixed share 100% (the cost line "
+                        "through t(2) 3.80 ms, t(4) 3.70 ms, t(8) 3.60 ms does not rise: a call there "
+                        "is all fixed cost), speedup at 8 7.56×")
+    assert lines[1] == ("real GPU (results/cuda/inprocess.csv), rising: fixed share 91%, "
+                        "speedup at 8 4.44×")

@@ -203,6 +203,14 @@ def test_the_answer_is_a_new_tensor_of_its_own_rows():
         gpu(torch.ones(3))
 
 
+def test_the_answer_stays_on_the_device_the_rows_came_on():
+    """The server moves a batch to CUDA when it has one; the answer must be made there too.
+    ``meta`` stands in for a device other than the CPU on a machine without one."""
+    rows = torch.ones(4, 3, device="meta")
+    answer = device(LinearBatchTime(0), input_features=3)(rows)
+    assert answer.device == rows.device and tuple(answer.shape) == (4, 2)
+
+
 def test_it_says_it_is_simulated():
     gpu = SimulatedDevice()
     assert gpu.label == ("simulated NVIDIA V100 16GB, FP32 (published ResNet-50 v1.5 t(b)), "

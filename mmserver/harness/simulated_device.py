@@ -315,7 +315,8 @@ class SimulatedDevice(torch.nn.Module):
             try:
                 on_device = flat.clone()
                 _sleep_until(started + copy_in)
-                positions = torch.arange(1, on_device.shape[1] + 1, dtype=on_device.dtype)
+                positions = torch.arange(1, on_device.shape[1] + 1, dtype=on_device.dtype,
+                                         device=on_device.device)
                 answer = torch.stack((on_device.sum(dim=1), (on_device * positions).sum(dim=1)),
                                      dim=1)
                 _sleep_until(started + copy_in + compute)
