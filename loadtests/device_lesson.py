@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -252,7 +253,21 @@ def real_gpu(max_batch_size: int, repo: Path) -> str:
                      + " does not rise: a call there is all fixed cost)")
             lines.append(f"real GPU (results/cuda/inprocess.csv), {name}: {share}, speedup at "
                          f"{max_batch_size} {definitions.speedup(sizes, seconds, max_batch_size):.2f}×")
-    return "\n".join(lines) or "results/cuda/inprocess.csv holds no model timed at every size up to B."
+    if not lines:
+        lines.append("results/cuda/inprocess.csv holds no model timed at every size up to B.")
+    return "\n".join(lines + _served_on_gpu(path.with_name("efficiency.txt")))
+
+
+def _served_on_gpu(path: Path) -> list[str]:
+    """The lines of ``bench/accelerator_efficiency.py``'s runs in ``efficiency.txt``: per model, what
+    one mmserver process served and its share of the raw model's rate at the batches it formed."""
+    if not path.exists():
+        return []
+    found = re.findall(r"--model (\S+).*?\nmmserver:\s+([\d.]+) requests/s, mean batch ([\d.]+) rows"
+                       r".*?efficiency=([\d.]+)", path.read_text(), flags=re.S)
+    return [f"through one mmserver process (results/cuda/efficiency.txt), {name}: {float(rps):.0f} requests/s at "
+            f"a mean batch of {batch} rows, {float(ratio):.2f} of the raw model's rate at that batch"
+            for name, rps, batch, ratio in found]
 
 
 # -- step 4: who feeds the device ------------------------------------------------------------------

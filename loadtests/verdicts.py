@@ -797,18 +797,6 @@ def no_more_throughput(greedy: Measurement, waiting: Measurement) -> Verdict:
                    f"{greedy.where.get('max_batch_size', '?')} rows.")
 
 
-def busy_at_light_load(busy: Measurement, load_share: float) -> Verdict:
-    """Whether greedy kept the device busy out of proportion to a light load: its busy fraction
-    more than twice the load's share of capacity (each nearly empty call costs about t(1))."""
-    _need(busy, "busy fraction")
-    holds = busy.value > 2 * load_share
-    word = "kept the device busy" if holds else "left the device idle"
-    return Verdict("greedy keeps the device busy at low load", holds, word,
-                   f"At {_load(busy)} requests/s, {load_share:.0%} of the capacity, "
-                   f"{busy.where.get('policy', '?')} {word}: busy {busy.value:.0%} of the window "
-                   f"(more than twice the load's share is out of proportion).")
-
-
 def cuts_device_time(line: list[Measurement]) -> Verdict:
     """Whether each longer MAX_WAIT, at one offered load, cut the device time per request beyond
     the noise band (records ordered by MAX_WAIT, ``instruments.sweep_point``)."""

@@ -760,3 +760,12 @@ def test_real_gpu_reads_the_accelerators_file_and_names_a_flat_cost_line(tmp_pat
                         "is all fixed cost), speedup at 8 7.56×")
     assert lines[1] == ("real GPU (results/cuda/inprocess.csv), rising: fixed share 91%, "
                         "speedup at 8 4.44×")
+    assert len(lines) == 2
+    (tmp_path / "results" / "cuda" / "efficiency.txt").write_text(
+        "$ python bench/accelerator_efficiency.py --model flat --seconds 10 (16 CPUs)\n"
+        "flat on cuda (NVIDIA H200); load: aiohttp closed loop, 64 connections, 10 s\n"
+        "mmserver:     586.3 requests/s, mean batch 17.1 rows\n"
+        "raw model:   7200.2 rows/s at batch 17.1 (t_raw = 2.38 ms per batch)\nefficiency=0.081\n")
+    assert real_gpu(8, tmp_path).splitlines()[2] == (
+        "through one mmserver process (results/cuda/efficiency.txt), flat: 586 requests/s at a mean "
+        "batch of 17.1 rows, 0.08 of the raw model's rate at that batch")

@@ -668,11 +668,6 @@ def test_no_more_throughput_holds_within_the_band_and_fails_beyond():
         verdicts.no_more_throughput(point("p50", 0.04), capacity_of("timer", 362.0))
 
 
-def test_busy_at_light_load():
-    assert verdicts.busy_at_light_load(point("busy fraction", 0.82, "share"), 0.1)
-    assert not verdicts.busy_at_light_load(point("busy fraction", 0.15, "share"), 0.1)
-
-
 def test_cuts_device_time_needs_every_step_beyond_the_band():
     line = [point("device time per request", v, policy=p, wait=w)
             for v, p, w in ((0.0222, "greedy", 0), (0.0154, "timer", 31), (0.0056, "timer", 124))]
