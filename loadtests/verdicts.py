@@ -258,8 +258,9 @@ def passes_on(served: Measurement, model_gain: Measurement) -> Verdict:
         word, why = "passed on", f"within the noise band ({definitions.NOISE_BAND:.0%})."
     elif off > 0:
         word = "passed on and added to"
-        why = (f"beyond the noise band ({definitions.NOISE_BAND:.0%}): with batching on the server added less "
-               "time to each request than with it off, so a batch shared the server's per-call work too.")
+        why = (f"beyond the noise band ({definitions.NOISE_BAND:.0%}): with batching on, each request cost the "
+               "server less beyond the model's call, as timed alone, than with it off (the per-call work a batch "
+               "shares, or a call that runs faster inside the server than alone).")
     else:
         word = "ate part of"
         why = (f"beyond the noise band ({definitions.NOISE_BAND:.0%}): the server's own work per request "
