@@ -712,46 +712,47 @@ def queue_bound_holds(wait: Measurement, drain: Measurement, batch: Measurement,
                       max_queue_size: int, max_batch_size: int) -> Verdict:
     """Whether the full queue's bounds at the *measured* drain rate ``X`` hold the median
     accepted wait: ``Q / X`` (admitted as a batch ended) to ``(Q + B) / X``
-    (``definitions.full_queue_wait_s``), each widened by the noise band; and whether the
-    queue stayed full (arrivals refilled the ``B`` places a batch frees within half a batch's
-    time, at the rate that reached the server)."""
+    (``definitions.full_queue_wait_s``), each widened by the noise band. Refused unless the
+    queue stayed full, the bounds' premise: arrivals (at the rate that reached the server)
+    refilled the ``B`` places a batch frees within half a batch's time."""
     if (wait.quantity, drain.quantity, batch.quantity) != ("accepted latency", "drain rate", "batch time"):
         raise Incomparable("need an accepted latency, a drain rate and a batch time")
     band = definitions.NOISE_BAND
     least = max_queue_size / drain.value
     most = definitions.full_queue_wait_s(max_queue_size, max_batch_size, drain.value)
     refill = max_batch_size / (drain.value + drain.observed["shed_rps"])
-    inside = (1 - band) * least <= wait.value <= (1 + band) * most
-    full = refill < 0.5 * batch.value
-    holds = inside and full
+    if refill >= 0.5 * batch.value:
+        raise Incomparable(f"arrivals refilled a batch's {max_batch_size} places in {refill * 1e3:.0f} ms of a "
+                           f"{batch.value * 1e3:.0f} ms batch: the queue did not stay full, so its bounds do not apply")
+    holds = (1 - band) * least <= wait.value <= (1 + band) * most
     word = "hold" if holds else "do not hold"
     return Verdict("the queue bounds at the drain rate hold the median wait", holds, word,
                    f"The queue bounds at the drain rate {word} the median wait: {max_queue_size} / "
                    f"{drain.value:.0f} per second = {least * 1e3:.0f} ms at least, ({max_queue_size} + "
                    f"{max_batch_size}) / {drain.value:.0f} per second = {most * 1e3:.0f} ms at most (each widened "
                    f"by {band:.0%}); the median accepted request took {wait.value * 1e3:.0f} ms"
-                   f"{'' if inside else ', outside them'}. Arrivals refilled a batch's {max_batch_size} places in "
-                   f"about {refill * 1e3:.0f} ms of a {batch.value * 1e3:.0f} ms batch"
-                   f"{', so the queue stayed full' if full else ': the queue did not stay full'}.")
+                   f"{'' if holds else ', outside them'}. The bounds apply because the queue stayed full: arrivals "
+                   f"refilled a batch's {max_batch_size} places in about {refill * 1e3:.0f} ms of a "
+                   f"{batch.value * 1e3:.0f} ms batch.")
 
 
 def shedding_costs(capacity: Measurement, drain: Measurement, batch_saturated: Measurement,
                    batch_overloaded: Measurement) -> Verdict:
-    """Whether refusing requests cost the server answers: while shedding it answered fewer
-    than its capacity and its full batches took longer than the noise band beyond the same
-    batches without shedding. Refused at different MAX_BATCH_SIZEs."""
+    """Whether refusing requests slowed the server's full batches beyond the noise band against
+    the same batches without shedding (the refusals' work shares the model's core). What it
+    answered against its capacity is printed beside it: with calls that cannot overlap, slower
+    batches already mean fewer answers. Refused at different MAX_BATCH_SIZEs."""
     sizes = {r.where.get("max_batch_size") for r in (capacity, drain, batch_saturated, batch_overloaded)}
     if len(sizes) != 1:
         raise Incomparable(f"records at different MAX_BATCH_SIZEs: {sorted(map(str, sizes))}")
-    slower = batch_overloaded.value > (1 + definitions.NOISE_BAND) * batch_saturated.value
-    holds = slower and drain.value < capacity.value
-    word = "cost" if holds else "did not clearly cost"
+    holds = batch_overloaded.value > (1 + definitions.NOISE_BAND) * batch_saturated.value
+    word = "slowed" if holds else "did not clearly slow"
     lost = 1 - drain.value / capacity.value
-    return Verdict("shedding costs answers", holds, word,
-                   f"Shedding {word} the server answers: it answered {drain.value:.0f}/s while shedding, "
-                   f"{lost:.0%} short of its capacity of {capacity.value:.0f}/s, and its batches took "
-                   f"{batch_overloaded.value * 1e3:.0f} ms against {batch_saturated.value * 1e3:.0f} ms without "
-                   f"shedding (the refusals' work shares the model's core).")
+    return Verdict("shedding slows the batches", holds, word,
+                   f"Shedding {word} the server's batches: they took {batch_overloaded.value * 1e3:.0f} ms against "
+                   f"{batch_saturated.value * 1e3:.0f} ms without shedding (noise band {definitions.NOISE_BAND:.0%}; "
+                   f"the refusals' work shares the model's core), and it answered {drain.value:.0f}/s while shedding, "
+                   f"{lost:.0%} {'short of' if lost >= 0 else 'over'} its capacity of {capacity.value:.0f}/s.")
 
 
 def capacity_bound_too_short(wait: Measurement, capacity: Measurement, max_queue_size: int,

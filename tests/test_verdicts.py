@@ -607,7 +607,7 @@ def test_sheds_cleanly():
         verdicts.sheds_cleanly(per_call("batch time", 0.1), 0, 32)
 
 
-def test_queue_bound_holds_inside_the_bounds_and_with_a_full_queue():
+def test_queue_bound_holds_inside_the_bounds_and_only_with_a_full_queue():
     X = drain(251, 1556)
     batch = per_call("batch time", 0.125)
     # Q / X = 255 ms, (Q + B) / X = 382 ms
@@ -616,7 +616,8 @@ def test_queue_bound_holds_inside_the_bounds_and_with_a_full_queue():
     assert not verdicts.queue_bound_holds(per_call("accepted latency", 0.100), X, batch, 64, 32).holds
     # arrivals too slow to refill the queue within half a batch: the bound does not apply
     slow = drain(251, 10)
-    assert not verdicts.queue_bound_holds(per_call("accepted latency", 0.350), slow, batch, 64, 32).holds
+    with pytest.raises(Incomparable, match="did not stay full"):
+        verdicts.queue_bound_holds(per_call("accepted latency", 0.350), slow, batch, 64, 32)
     with pytest.raises(Incomparable):
         verdicts.queue_bound_holds(X, X, batch, 64, 32)
 
@@ -626,7 +627,7 @@ def capacity_at(rps: float, b: int = 32):
                        {"max_batch_size": b, "clock": "wall"}, {"mean_batch": float(b)})
 
 
-def test_shedding_costs_and_refuses_another_batch_size():
+def test_shedding_slows_the_batches_and_refuses_another_batch_size():
     assert verdicts.shedding_costs(capacity_at(467), drain(251, 1556), per_call("batch time", 0.068),
                                    per_call("batch time", 0.125)).holds
     # as fast as without shedding: no cost shown
