@@ -166,10 +166,7 @@ def fills_by_itself(run: Measurement) -> Verdict:
         raise Incomparable(f"{run.describe()} holds no mean batch and MAX_BATCH_SIZE")
     holds = mean_batch >= definitions.SATURATED_BATCH_SHARE * cap
     word = "filled by themselves" if holds else "did not fill by themselves"
-    where = run.where
-    clients = where.get("users", where.get("connections"))
-    load = (f"with {clients} closed-loop clients" if clients is not None
-            else f"at {where['offered_rps']:g} requests/s offered" if "offered_rps" in where else "at this load")
+    load = _load_phrase(run, "at this load")
     return Verdict("batches fill by themselves", holds, word,
                    f"{run.model}'s batches {word} {load}: {mean_batch:g} of {cap} rows on average "
                    f"(full means at least {definitions.SATURATED_BATCH_SHARE:.0%}).")
@@ -184,10 +181,7 @@ def indistinguishable(a: Measurement, b: Measurement, setting: str = "policy") -
     comparable(a, b, ignore=(setting, "max_wait_ms", "max_batch_size"))
     holds = definitions.indistinguishable(a.spread, b.spread) or definitions.agree(a.value, b.value)
     word = "indistinguishable" if holds else "told apart"
-    where = a.where
-    clients = where.get("clients", where.get("users", where.get("connections")))
-    load = (f"with {clients} closed-loop clients" if clients is not None
-            else f"at {where['offered_rps']:g} requests/s offered" if "offered_rps" in where else "at one load")
+    load = _load_phrase(a, "at one load")
     return Verdict("the settings are indistinguishable", holds, word,
                    f"{a.model} and {b.model} are {word} {load}: p99 {a.value * 1e3:.0f} ms "
                    f"({a.spread[0] * 1e3:.0f}–{a.spread[1] * 1e3:.0f}) against {b.value * 1e3:.0f} ms "
@@ -771,6 +765,16 @@ def capacity_bound_too_short(wait: Measurement, capacity: Measurement, max_queue
 
 
 # -- notebook 08: MAX_WAIT on a simulated GPU, and who feeds it ------------------------------------
+
+
+def _load_phrase(record: Measurement, otherwise: str) -> str:
+    """The load a record was measured under, as a sentence puts it: its closed-loop clients (users,
+    connections), else its offered rate, else ``otherwise``."""
+    where = record.where
+    clients = where.get("clients", where.get("users", where.get("connections")))
+    if clients is not None:
+        return f"with {clients} closed-loop clients"
+    return f"at {where['offered_rps']:g} requests/s offered" if "offered_rps" in where else otherwise
 
 
 def _load(record: Measurement) -> str:
