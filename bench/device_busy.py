@@ -11,7 +11,8 @@ The **busy fraction** is computed from the batches the server reports (``/metric
 at both ends of a window taken while every user is sending): t(b) is linear, so the device
 time a window needed is exactly ``batches x 20 ms + rows x 0.3 ms``, and the fraction is that
 time ÷ the window. It also prints requests/s against the ceiling
-(rows/s of back-to-back full batches), the mean batch and the server's CPU per request.
+(rows/s of back-to-back full batches), the mean batch, the clients' p50 and p99 and the
+server's CPU per request.
 
 ``--before PATH`` serves the same folder from another checkout of mmserver too (the server
 process then imports ``mmserver`` from there), interleaved round by round with this one, so
@@ -104,7 +105,8 @@ def window(tree: Path, folder: Path, model_root: str, seconds: float) -> dict[st
     batches, rows = delta("mmserver_batch_size_rows_count"), delta("mmserver_batch_size_rows_sum")
     cpu = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
     return {"busy": (batches * FIXED_SECONDS + rows * PER_ROW_SECONDS) / wall,
-            "rps": rows / wall, "p50_ms": result["p50_ms"], "non_2xx": result["non_2xx"],
+            "rps": rows / wall, "p50_ms": result["p50_ms"], "p99_ms": result["p99_ms"],
+            "non_2xx": result["non_2xx"],
             "mean_batch": rows / batches if batches else 0.0,
             "cpu_us_per_request": 1e6 * cpu / max(rows, 1)}
 
@@ -125,7 +127,7 @@ def main() -> None:
           f"users ({harness.generator_name()}, core {harness.LOAD_CPU}); one server process on "
           f"core {harness.SERVER_CPU}; {args.seconds:g} s windows; ceiling {ceiling:,.0f} rows/s")
     print(f"{'round':>5s} {'tree':10s} {'busy':>6s} {'req/s':>7s} {'of ceiling':>10s} "
-          f"{'mean batch':>10s} {'p50 ms':>7s} {'CPU us/req':>10s}")
+          f"{'mean batch':>10s} {'p50 ms':>7s} {'p99 ms':>7s} {'CPU us/req':>10s}")
     runs: dict[str, list[dict[str, float]]] = {label: [] for label in trees}
     with tempfile.TemporaryDirectory(prefix="device-busy-") as tmp:
         folder = write_model_folder(Path(tmp) / NAME, fixed_seconds=FIXED_SECONDS,
@@ -138,6 +140,7 @@ def main() -> None:
                 runs[label].append(r)
                 print(f"{round_:5d} {label:10s} {r['busy']:6.1%} {r['rps']:7.0f} "
                       f"{r['rps'] / ceiling:10.1%} {r['mean_batch']:10.1f} {r['p50_ms']:7.1f} "
+                      f"{r['p99_ms']:7.1f} "
                       f"{r['cpu_us_per_request']:10.0f}", flush=True)
     print()
     medians = {label: {key: statistics.median(r[key] for r in results) for key in ("busy", "rps")}

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import itertools
 import logging
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from typing import Any
 
 import torch
 
+from mmserver import heap
 from mmserver.batching import ModelRunner
 from mmserver.batching.reservation import Reservation
 from mmserver.handler.folder import ModelHandler, RowCodecs
@@ -154,7 +154,7 @@ class LoadedModel:
             for executor in self.runner.instances.executors:  # stopped: the model may go
                 executor.model = None
             self.codec_pool.close()
-            gc.collect()
+            heap.release()
             if self.device is not None and self.device.type == "cuda":
                 torch.cuda.empty_cache()
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 import torch
 
+from mmserver import heap
 from mmserver.capacity import CapacityPolicy, default_memory_budget_bytes, estimated_memory_bytes
 from mmserver.config import Settings
 from mmserver.engine.isolated import IsolatedModel
@@ -163,6 +164,7 @@ class ModelRegistry:
                 await model.close(drain_timeout=0)
             raise
         self._models[name] = model
+        heap.settle()
         log.info("model=%s loaded from %s in %.2f s (%d bytes, %s)", name, path,
                  time.perf_counter() - started, model.memory_bytes, self.device)
         if self._on_loaded:

@@ -40,7 +40,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("settings", ("mmserver.config", "mmserver.setting")),
     ("batching", ("mmserver.batching",)),
     ("leaves", ("mmserver", "mmserver.errors", "mmserver.workers", "mmserver.resources",
-                "mmserver.status", "mmserver.allocator", "mmserver.harness")),
+                "mmserver.heap", "mmserver.status", "mmserver.allocator", "mmserver.harness")),
 )
 #: What ``batching`` may import of the package (notebook 03 runs it alone).
 BATCHING_MAY_IMPORT = ("mmserver.batching", "mmserver.errors", "mmserver.workers")

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
+from mmserver import heap
 from mmserver.config import Settings
 from mmserver.engine.channel import serve
 from mmserver.engine.client import Listed
@@ -212,6 +213,7 @@ async def _main(service_type: type, settings: Settings, socket_path: str, ready:
     if restart is not None:
         await operations.restore(restart.restore)
     operations.record()
+    heap.settle()
     workers = Workers(dispatch_table(operations), service)
     service.model_listeners.append(workers.model_changed)
     for model in service.registry.ready():  # loaded before anyone listened

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from aiohttp import hdrs, web
 
+from mmserver import heap
 from mmserver.config import Settings
 from mmserver.errors import MMServerError, Unavailable
 from mmserver.http import sagemaker, v2
@@ -223,6 +224,7 @@ def _protocol_of(protocols: dict[object, str]):
 
 async def _start(app: web.Application) -> None:
     await app[SERVICE].start()
+    heap.settle()
 
 
 async def _drain(app: web.Application) -> None:
