@@ -14,9 +14,13 @@ CPU cost per request. This benchmark serves the simulated device
 For each window it prints requests/s, the mean batch the server formed (from ``/metrics``),
 the **efficiency** (rows served per second ÷ the device's capacity at the batch sizes formed;
 t(b) is linear, so the device time the window needed is exactly
-``batches x 1 ms + rows x 1/32 ms``, and efficiency is that time ÷ the window), and the
+``batches x 1 ms + rows x 1/32 ms``, and efficiency is that time ÷ the window), the
 server's CPU time per request (``psutil``: user + system seconds of the server process ÷
-requests answered). Efficiency 1.0 means the device never waited for the server.
+requests answered) and the load generator's (the aiohttp loop's own, over its window;
+not known for wrk).
+Efficiency 1.0 means the device never waited for the server. One more window, at 32 users
+with ``.npy`` rows, serves the same device with every time three times longer
+(:data:`SLOW_FACTOR`), preloaded beside the first.
 
 With ``--http-workers 1,2`` (the default) it runs once per count: one process pinned to
 one core as above, then N HTTP workers over one engine (``mmserver serve --http-workers``)
@@ -24,7 +28,10 @@ on every core this machine lends (on two cores, the load generator shares one wi
 CPU per request is then the whole process tree's, and the engine's own is shown beside
 it; the summary gives, per wire at 32 users, the ratio of N workers' requests/s to one
 process's in the same run, the mean batches formed, and, as arithmetic from the measured
-costs, how many cores of HTTP workers would keep this device fully busy.
+costs, how many cores of HTTP workers would keep this device fully busy, and the *CPU bound*:
+what this machine's cores could serve at one process's CPU per request, server and load
+generator together, the most any number of workers could serve here if the split cost
+nothing.
 
 Usage: python bench/device_efficiency.py [--seconds 5] [--http-workers 1,2];
 ``MMSERVER_QUICK=1`` shrinks it.
@@ -65,6 +72,12 @@ FEATURES = 16
 MAX_BATCH_SIZE = 32
 USER_COUNTS = (1, 8, 32)
 NAME = "gpu"
+#: The same device with every time this many times longer, served beside it: at 32 users its
+#: call (t(16) = 3.5 ms) outlasts a request's round trip through an HTTP worker, which the
+#: fast device's (1.5 ms) does not on two shared cores.
+SLOW_FACTOR = 3
+SLOW_NAME = f"gpu-x{SLOW_FACTOR}"
+SLOW_WIRE = f"npy, t x{SLOW_FACTOR}"
 
 
 def wires(base: str) -> dict[str, tuple[str, bytes, dict[str, str]]]:
@@ -72,8 +85,8 @@ def wires(base: str) -> dict[str, tuple[str, bytes, dict[str, str]]]:
     row = np.arange(FEATURES, dtype=np.float32)[None]
     buffer = io.BytesIO()
     np.save(buffer, row, allow_pickle=False)
-    found = {"npy": (f"{base}/models/{NAME}/invoke", buffer.getvalue(),
-                     {"Content-Type": "application/x-npy"}),
+    npy = {"Content-Type": "application/x-npy"}
+    found = {"npy": (f"{base}/models/{NAME}/invoke", buffer.getvalue(), npy),
              "json": (f"{base}/models/{NAME}/invoke", json.dumps(row.tolist()).encode(),
                       {"Content-Type": "application/json"})}
     if http_request(base, "GET", f"/v2/models/{NAME}")[0] == 200:
@@ -84,6 +97,7 @@ def wires(base: str) -> dict[str, tuple[str, bytes, dict[str, str]]]:
         found["v2-binary"] = (f"{base}/v2/models/{NAME}/infer", header + row.tobytes(),
                               {"Content-Type": "application/octet-stream",
                                "Inference-Header-Content-Length": str(len(header))})
+    found[SLOW_WIRE] = (f"{base}/models/{SLOW_NAME}/invoke", buffer.getvalue(), npy)
     return found
 
 
@@ -99,18 +113,21 @@ def window(server: ServerProcess, url: str, body: bytes, headers: dict[str, str]
                                  connections=users, seconds=seconds)
     wall = time.perf_counter() - started
     after, cpu_after, engine_after = scrape_metrics(server.url), _cpu(tree), _cpu([engine])
+    name, scale = (SLOW_NAME, SLOW_FACTOR) if SLOW_NAME in url else (NAME, 1)
 
-    def delta(name: str) -> float:
-        return sample_value(after, name, model=NAME) - sample_value(before, name, model=NAME)
+    def delta(metric: str) -> float:
+        return sample_value(after, metric, model=name) - sample_value(before, metric, model=name)
 
     batches, rows = delta("mmserver_batch_size_rows_count"), delta("mmserver_batch_size_rows_sum")
-    device_seconds = batches * FIXED_SECONDS + rows * PER_ROW_SECONDS
+    device_seconds = scale * (batches * FIXED_SECONDS + rows * PER_ROW_SECONDS)
     requests = max(rows, 1)
     return {"rps": result["rps"], "non_2xx": result["non_2xx"], "p50_ms": result["p50_ms"],
             "mean_batch": rows / batches if batches else 0.0,
             "efficiency": device_seconds / wall,
             "cpu_us_per_request": 1e6 * (cpu_after - cpu_before) / requests,
-            "engine_us_per_request": 1e6 * (engine_after - engine_before) / requests}
+            "engine_us_per_request": 1e6 * (engine_after - engine_before) / requests,
+            "load_us_per_request": (1e6 * result["cpu_seconds"] / result["requests"]
+                                    if "cpu_seconds" in result else float("nan"))}
 
 
 def _cpu(processes: list[psutil.Process]) -> float:
@@ -128,6 +145,7 @@ def measure(tmp: str, folder: Path, workers: int, seconds: float) -> dict[tuple[
     """Every wire at every user count against one server with ``workers`` HTTP workers."""
     args_ = ["--model-root", tmp, "--no-access-log", "--log-level", "WARNING",
              "--max-batch-size", str(MAX_BATCH_SIZE), "--preload", f"{NAME}={folder}",
+             "--preload", f"{SLOW_NAME}={folder.parent / SLOW_NAME}",
              "--http-workers", str(workers)]
     cpus = harness.SERVER_CPU if workers == 1 else ",".join(
         str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
@@ -140,15 +158,15 @@ def measure(tmp: str, folder: Path, workers: int, seconds: float) -> dict[tuple[
         for wire, (url, body, headers) in wires(server.url).items():
             harness.closed_loop(url, body, headers["Content-Type"], headers=headers,
                                 connections=8, seconds=0.5)
-            for users in USER_COUNTS:
+            for users in (USER_COUNTS[-1],) if wire == SLOW_WIRE else USER_COUNTS:
                 r = window(server, url, body, headers, users, seconds, engine_pid)
                 if r["non_2xx"]:
                     raise RuntimeError(f"{wire}: {r['non_2xx']} answers were not 2xx")
                 results[wire, users] = r
                 print(f"{workers:7d} {wire:10s} {users:5d} {r['rps']:8.0f} {r['p50_ms']:7.2f} "
                       f"{r['mean_batch']:10.1f} {r['efficiency']:10.2f} "
-                      f"{r['cpu_us_per_request']:14.0f} {r['engine_us_per_request']:14.0f}",
-                      flush=True)
+                      f"{r['cpu_us_per_request']:14.0f} {r['engine_us_per_request']:14.0f} "
+                      f"{r['load_us_per_request']:12.0f}", flush=True)
     return results
 
 
@@ -162,13 +180,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="device-efficiency-") as tmp:
         folder = write_model_folder(Path(tmp) / NAME, fixed_seconds=FIXED_SECONDS,
                                     per_row_seconds=PER_ROW_SECONDS, input_features=FEATURES)
+        write_model_folder(Path(tmp) / SLOW_NAME, fixed_seconds=FIXED_SECONDS,
+                           per_row_seconds=PER_ROW_SECONDS, input_features=FEATURES,
+                           time_scale=SLOW_FACTOR)
         print(f"simulated device (not a real GPU): t(b) = {FIXED_SECONDS * 1e3:g} ms + "
               f"b x {PER_ROW_SECONDS * 1e3:.5f} ms; one process on core {harness.SERVER_CPU}, "
               f"N workers on every core; {harness.generator_name()} on core {harness.LOAD_CPU}, "
               f"{args.seconds:g} s per window")
         print(f"{'workers':>7s} {'wire':10s} {'users':>5s} {'req/s':>8s} {'p50 ms':>7s} "
               f"{'mean batch':>10s} "
-              f"{'efficiency':>10s} {'CPU us/req':>14s} {'engine us/req':>14s}")
+              f"{'efficiency':>10s} {'CPU us/req':>14s} {'engine us/req':>14s} "
+              f"{'load us/req':>12s}")
         runs = {count: measure(tmp, folder, count, args.seconds) for count in counts}
     base = runs[counts[0]]
     for count in counts[1:]:
@@ -179,6 +201,11 @@ def main() -> None:
                 print(f"  {wire:10s} at 1 user: p50 {one['p50_ms']:.2f} ms -> "
                       f"{many['p50_ms']:.2f} ms, {many['p50_ms'] - one['p50_ms']:+.2f} ms "
                       "added by the hop to the engine")
+            if wire == SLOW_WIRE:
+                print(f"  {wire:10s} at {users} users: req/s {many['rps'] / one['rps']:.2f}x, "
+                      f"mean batch {one['mean_batch']:.1f} -> {many['mean_batch']:.1f} "
+                      f"({many['mean_batch'] / one['mean_batch']:.2f}x)")
+                continue
             if users != USER_COUNTS[-1]:
                 continue
             worker_us = many["cpu_us_per_request"] - many["engine_us_per_request"]
@@ -192,6 +219,20 @@ def main() -> None:
                   f"cores of HTTP workers; one engine core at {many['engine_us_per_request']:.0f}"
                   f" us/request serves at most {engine_ceiling:,.0f} requests/s, "
                   f"{min(engine_ceiling / capacity, 1):.0%} of that")
+            print(f"  {'':10s} {_cpu_bound(one, many)}")
+
+
+def _cpu_bound(one: dict, many: dict) -> str:
+    """What this machine's cores could serve at one process's CPU per request, server and
+    load generator together: the most any number of workers could serve here if splitting
+    the server cost nothing."""
+    cores = len(os.sched_getaffinity(0))
+    per_request = one["cpu_us_per_request"] + one["load_us_per_request"]
+    bound = cores * 1e6 / per_request
+    return (f"CPU bound: {cores} cores ÷ ({one['cpu_us_per_request']:.0f} us of one process + "
+            f"{one['load_us_per_request']:.0f} us of the load generator) per request = "
+            f"{bound:,.0f} requests/s, {bound / one['rps']:.2f}x one process's rate; "
+            f"the workers reached {many['rps'] / one['rps']:.2f}x")
 
 if __name__ == "__main__":
     main()

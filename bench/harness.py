@@ -112,7 +112,9 @@ def latency_window(url: str, body: bytes, headers: dict[str, str], users: int,
                    seconds: float) -> dict[str, float]:
     """One closed-loop window of ``users`` clients POSTing ``body`` with ``headers``.
 
-    Returns ``rps``, ``p50_ms``, ``p99_ms`` and ``non_2xx``. Either generator runs as a
+    Returns ``rps``, ``p50_ms``, ``p99_ms`` and ``non_2xx``; the aiohttp loop adds
+    ``requests`` and ``cpu_seconds``, its own CPU over the window (its start-up, which
+    imports torch, left out). Either generator runs as a
     process of its own on the load core: wrk when installed, else this file's aiohttp
     loop. A process, not a thread of the caller, so that the clients neither share the
     caller's interpreter lock nor need its event loop: a notebook's kernel runs one
@@ -183,12 +185,13 @@ async def _aiohttp_window(url, body, headers, users, seconds) -> dict[str, float
             latencies.append(time.perf_counter() - started)
             non_2xx += response.status >= 300
 
-    began = time.perf_counter()
+    began, cpu_began = time.perf_counter(), time.process_time()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=users)) as session:
         await asyncio.gather(*(user(session) for _ in range(users)))
     q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
     return {"rps": len(latencies) / (time.perf_counter() - began), "p50_ms": q[49] * 1e3,
-            "p99_ms": q[98] * 1e3, "non_2xx": non_2xx}
+            "p99_ms": q[98] * 1e3, "non_2xx": non_2xx, "requests": len(latencies),
+            "cpu_seconds": time.process_time() - cpu_began}
 
 
 def saturate_model(base: str, name: str, body: bytes, content_type: str, *, connections: int,
