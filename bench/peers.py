@@ -504,7 +504,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "peers.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=["users", "round", "server", "rps", "p50_ms",
-                                                    "p99_ms", "non_2xx"])
+                                                    "p99_ms", "non_2xx"], extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     (out / "peers.md").write_text(
