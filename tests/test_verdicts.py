@@ -821,3 +821,22 @@ def test_no_setting_holds_and_mixed_records_are_refused():
     mixed["throughput"] = sweep_point("greedy", 16, 0, 200, 30, 100)["throughput"]
     with pytest.raises(Incomparable):
         verdicts.choose_setting([mixed], 0.100, DEFAULT)
+
+
+# -- appendix 10: what faulting costs --------------------------------------------------------------
+
+
+def test_faulting_slows_compares_each_batch_size_with_itself():
+    """The counterexample of a CI run: the one faulting process faulted at batch 8 and at 16, so
+    its ratio of 16 to 8 (1.04) matched the thresholds-fixed processes' (1.03), and the old claim,
+    "batch 16 ran slower relative to 8", failed although every call of it paid for its pages."""
+    both = verdicts.faulting_slows([(8, 2435.0, 3590.0), (16, 2530.0, 3700.0)])
+    assert both.holds and both.word == "slower than"
+    assert "0.68× their rows/s (median of 2; batch 8: 2435 against 3590 rows/s" in both.sentence
+    faster = verdicts.faulting_slows([(16, 4500.0, 3700.0)])
+    assert not faster and faster.word == "faster than"
+    near = verdicts.faulting_slows([(16, 3400.0, 3700.0), (8, 3500.0, 3590.0), (16, 2000.0, 3700.0)])
+    assert near.holds and near.word == "within the noise band of"   # median 0.92: not told apart
+    assert "more processes" in near.sentence
+    with pytest.raises(ValueError):
+        verdicts.faulting_slows([])
