@@ -832,11 +832,13 @@ def test_faulting_slows_compares_each_batch_size_with_itself():
     "batch 16 ran slower relative to 8", failed although every call of it paid for its pages."""
     both = verdicts.faulting_slows([(8, 2435.0, 3590.0), (16, 2530.0, 3700.0)])
     assert both.holds and both.word == "slower than"
-    assert "0.68× their rows/s (median of 2; batch 8: 2435 against 3590 rows/s" in both.sentence
+    assert ("calls ran slower than the same batch size with the thresholds fixed: a median of 0.68× the rows/s "
+            "(2 runs; batch 8: 2435 against 3590 rows/s; batch 16: 2530 against 3700 rows/s; noise band 15%)."
+            in both.sentence)
     faster = verdicts.faulting_slows([(16, 4500.0, 3700.0)])
-    assert not faster and faster.word == "faster than"
+    assert not faster and faster.word == "faster than" and "(1 run;" in faster.sentence
     near = verdicts.faulting_slows([(16, 3400.0, 3700.0), (8, 3500.0, 3590.0), (16, 2000.0, 3700.0)])
-    assert near.holds and near.word == "within the noise band of"   # median 0.92: not told apart
-    assert "more processes" in near.sentence
+    assert near.holds and near.word == "as fast, within the noise band, as"   # median 0.92: not told apart
+    assert "batch 16: 2000 and 3400 against 3700 rows/s" in near.sentence and "more processes" in near.sentence
     with pytest.raises(ValueError):
         verdicts.faulting_slows([])
