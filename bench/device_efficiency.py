@@ -78,31 +78,33 @@ NAME = "gpu"
 SLOW_FACTOR = 3
 SLOW_NAME = f"gpu-x{SLOW_FACTOR}"
 SLOW_WIRE = f"npy, t x{SLOW_FACTOR}"
+#: Each model served, and how many times the fast device's times its own are.
+TIME_SCALE = {NAME: 1, SLOW_NAME: SLOW_FACTOR}
 
 
-def wires(base: str) -> dict[str, tuple[str, bytes, dict[str, str]]]:
-    """name -> (url, body, headers) for one row of FEATURES floats."""
+def wires(base: str) -> dict[str, tuple[str, str, bytes, dict[str, str]]]:
+    """name -> (model, url, body, headers) for one row of FEATURES floats."""
     row = np.arange(FEATURES, dtype=np.float32)[None]
     buffer = io.BytesIO()
     np.save(buffer, row, allow_pickle=False)
     npy = {"Content-Type": "application/x-npy"}
-    found = {"npy": (f"{base}/models/{NAME}/invoke", buffer.getvalue(), npy),
-             "json": (f"{base}/models/{NAME}/invoke", json.dumps(row.tolist()).encode(),
+    found = {"npy": (NAME, f"{base}/models/{NAME}/invoke", buffer.getvalue(), npy),
+             "json": (NAME, f"{base}/models/{NAME}/invoke", json.dumps(row.tolist()).encode(),
                       {"Content-Type": "application/json"})}
     if http_request(base, "GET", f"/v2/models/{NAME}")[0] == 200:
         header = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, FEATURES],
                                          "datatype": "FP32",
                                          "parameters": {"binary_data_size": row.nbytes}}],
                              "parameters": {"binary_data_output": True}}).encode()
-        found["v2-binary"] = (f"{base}/v2/models/{NAME}/infer", header + row.tobytes(),
+        found["v2-binary"] = (NAME, f"{base}/v2/models/{NAME}/infer", header + row.tobytes(),
                               {"Content-Type": "application/octet-stream",
                                "Inference-Header-Content-Length": str(len(header))})
-    found[SLOW_WIRE] = (f"{base}/models/{SLOW_NAME}/invoke", buffer.getvalue(), npy)
+    found[SLOW_WIRE] = (SLOW_NAME, f"{base}/models/{SLOW_NAME}/invoke", buffer.getvalue(), npy)
     return found
 
 
-def window(server: ServerProcess, url: str, body: bytes, headers: dict[str, str], users: int,
-           seconds: float, engine_pid: int) -> dict[str, float]:
+def window(server: ServerProcess, model: str, url: str, body: bytes, headers: dict[str, str],
+           users: int, seconds: float, engine_pid: int) -> dict[str, float]:
     tree = [psutil.Process(server.process.pid), *psutil.Process(
         server.process.pid).children(recursive=True)]
     engine = next(p for p in tree if p.pid == engine_pid)
@@ -113,13 +115,12 @@ def window(server: ServerProcess, url: str, body: bytes, headers: dict[str, str]
                                  connections=users, seconds=seconds)
     wall = time.perf_counter() - started
     after, cpu_after, engine_after = scrape_metrics(server.url), _cpu(tree), _cpu([engine])
-    name, scale = (SLOW_NAME, SLOW_FACTOR) if SLOW_NAME in url else (NAME, 1)
 
     def delta(metric: str) -> float:
-        return sample_value(after, metric, model=name) - sample_value(before, metric, model=name)
+        return sample_value(after, metric, model=model) - sample_value(before, metric, model=model)
 
     batches, rows = delta("mmserver_batch_size_rows_count"), delta("mmserver_batch_size_rows_sum")
-    device_seconds = scale * (batches * FIXED_SECONDS + rows * PER_ROW_SECONDS)
+    device_seconds = TIME_SCALE[model] * (batches * FIXED_SECONDS + rows * PER_ROW_SECONDS)
     requests = max(rows, 1)
     return {"rps": result["rps"], "non_2xx": result["non_2xx"], "p50_ms": result["p50_ms"],
             "mean_batch": rows / batches if batches else 0.0,
@@ -155,11 +156,11 @@ def measure(tmp: str, folder: Path, workers: int, seconds: float) -> dict[tuple[
         if workers > 1:
             wait_for_http_workers(server.url, workers, WORKER_HEADER)
         engine_pid = _engine_pid(server)
-        for wire, (url, body, headers) in wires(server.url).items():
+        for wire, (model, url, body, headers) in wires(server.url).items():
             harness.closed_loop(url, body, headers["Content-Type"], headers=headers,
                                 connections=8, seconds=0.5)
             for users in (USER_COUNTS[-1],) if wire == SLOW_WIRE else USER_COUNTS:
-                r = window(server, url, body, headers, users, seconds, engine_pid)
+                r = window(server, model, url, body, headers, users, seconds, engine_pid)
                 if r["non_2xx"]:
                     raise RuntimeError(f"{wire}: {r['non_2xx']} answers were not 2xx")
                 results[wire, users] = r
