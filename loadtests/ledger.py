@@ -7,7 +7,11 @@ file. Recording a quantity of a model:
 
 * already recorded under the **same conditions**, the two values must agree within the noise band
   (``definitions.agree``), or :class:`Contradiction` is raised: a cross-notebook contradiction
-  becomes a failing cell, not a reviewer's finding;
+  becomes a failing cell, not a reviewer's finding. One exception: values more than the band
+  apart whose ranges over their repeats overlap (``definitions.indistinguishable``) cannot be
+  told apart by this run, and the note says so instead of calling them either the same number or
+  a contradiction. On a shared machine whose speed drifts, a notebook's noisy measurement spans
+  both; two tight ranges that miss each other still fail;
 * recorded under **different conditions**, the note returned says which conditions differ (t_http at
   MAX_BATCH_SIZE 1 and 16 are two quantities, and the sentence must say which one it means);
 * with **no earlier record**, the note says that nothing was compared: a notebook run alone must
@@ -87,6 +91,11 @@ class Ledger:
             elif definitions.agree(before.value, record.value, self.band):
                 notes.append(f"{record.quantity} of {record.model} agrees with {entry.notebook} within the "
                              f"noise band ({self.band:.0%}): {before.describe()}; now {record.describe()}.")
+            elif definitions.indistinguishable(before.spread, record.spread, self.band):
+                notes.append(f"{record.quantity} of {record.model} cannot be told apart from {entry.notebook}'s: "
+                             f"{before.describe()} there; now {record.describe()}. The values are more than the "
+                             f"noise band ({self.band:.0%}) apart, but their ranges over the repeats overlap: "
+                             "this run's noise is too wide to call it agreement or a contradiction.")
             else:
                 raise Contradiction(
                     f"{notebook} contradicts {entry.notebook}: {record.quantity} of {record.model} under the "

@@ -50,6 +50,19 @@ def test_a_contradiction_under_the_same_conditions_fails(run):
     assert len(run.entries()) == 1       # the contradicting record is not written
 
 
+def test_overlapping_ranges_beyond_the_band_cannot_be_told_apart(run):
+    """01's fixed share of the small CNN, 52% over 13-76% on a drifting machine, against 10's 39%
+    over 37-42%: a third apart, yet each range holds the other's value's neighbourhood."""
+    share = lambda value, low, high: measurement("fixed share", "small-cnn", value, "share", (low, high), 5,
+                                                 {"clock": "wall", "threads": 1})
+    run.record(share(0.52, 0.13, 0.76), "01")
+    (note,) = run.record(share(0.39, 0.37, 0.42), "10")
+    assert "cannot be told apart from 01's" in note and "agrees" not in note
+    assert len(run.entries()) == 2
+    # the same gap with ranges that miss each other is a contradiction
+    with pytest.raises(ledger.Contradiction, match="07 contradicts 10"):
+        run.record(share(0.60, 0.58, 0.62), "07")     # overlaps 01's range, misses 10's (0.37-0.42)
+
 def test_other_conditions_are_named(run):
     run.record(t_http(91, max_batch_size=16), "04")
     (note,) = run.record(t_http(254, max_batch_size=1), "04")
