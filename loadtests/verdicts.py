@@ -140,7 +140,8 @@ def account_explains(served: Measurement, t_http: Measurement, call: Measurement
         word = "cannot tell whether t_http counts in"
     else:
         word = "does not explain"
-    direction = ("served more than the account predicts" if with_http > 1 else "served less than the account predicts")
+    direction = ("served more than the account predicts (the model's calls or the server's own work cost less in "
+                 "the server than as measured apart)" if with_http > 1 else "served less than the account predicts")
     sentence = (f"The account 1 / (t_http + t({batch_size})/{batch_size}) {word} what one core served of "
                 f"{served.model}: efficiency {with_http:.2f} with t_http ({t_http.value * 1e6:.0f} µs), "
                 f"{without_http:.2f} without it")
@@ -721,12 +722,15 @@ def queue_bound_holds(wait: Measurement, drain: Measurement, batch: Measurement,
                            f"{batch.value * 1e3:.0f} ms batch: the queue did not stay full, so its bounds do not apply")
     holds = (1 - band) * least <= wait.value <= (1 + band) * most
     word = "hold" if holds else "do not hold"
+    where = (", outside them" if not holds else
+             f", above the upper bound itself, within its {band:.0%} widening" if wait.value > most else
+             f", below the lower bound itself, within its {band:.0%} widening" if wait.value < least else "")
     return Verdict("the queue bounds at the drain rate hold the median wait", holds, word,
                    f"The queue bounds at the drain rate {word} the median wait: {max_queue_size} / "
                    f"{drain.value:.0f} per second = {least * 1e3:.0f} ms at least, ({max_queue_size} + "
                    f"{max_batch_size}) / {drain.value:.0f} per second = {most * 1e3:.0f} ms at most (each widened "
                    f"by {band:.0%}); the median accepted request took {wait.value * 1e3:.0f} ms"
-                   f"{'' if holds else ', outside them'}. The bounds apply because the queue stayed full: arrivals "
+                   f"{where}. The bounds apply because the queue stayed full: arrivals "
                    f"refilled a batch's {max_batch_size} places in about {refill * 1e3:.0f} ms of a "
                    f"{batch.value * 1e3:.0f} ms batch.")
 
@@ -971,7 +975,7 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
 
     held = {label: max((load for load, point in at.items() if holds_at(point)), default=None)
             for label, at in by_setting.items()}
-    budget = f"p99 ≤ {budget_s * 1e3:.0f} ms"
+    budget = f"p99 ≤ {budget_s * 1e3:.4g} ms"   # as set, not rounded: a p99 at the edge is judged by it
     if all(load is None for load in held.values()):
         return Verdict("the data choose one setting", False, "no setting holds",
                        f"For {budget}: no setting holds it with nothing shed at any load swept.")

@@ -611,7 +611,13 @@ def test_queue_bound_holds_inside_the_bounds_and_only_with_a_full_queue():
     X = drain(251, 1556)
     batch = per_call("batch time", 0.125)
     # Q / X = 255 ms, (Q + B) / X = 382 ms
-    assert verdicts.queue_bound_holds(per_call("accepted latency", 0.350), X, batch, 64, 32).holds
+    inside = verdicts.queue_bound_holds(per_call("accepted latency", 0.350), X, batch, 64, 32)
+    assert inside.holds and "itself" not in inside.sentence
+    # past the upper bound (382 ms) but within its widening (439 ms): holds, and says where it fell
+    widened = verdicts.queue_bound_holds(per_call("accepted latency", 0.400), X, batch, 64, 32)
+    assert widened.holds and "above the upper bound itself, within its 15% widening" in widened.sentence
+    below = verdicts.queue_bound_holds(per_call("accepted latency", 0.230), X, batch, 64, 32)
+    assert below.holds and "below the lower bound itself" in below.sentence
     assert not verdicts.queue_bound_holds(per_call("accepted latency", 0.600), X, batch, 64, 32).holds
     assert not verdicts.queue_bound_holds(per_call("accepted latency", 0.100), X, batch, 64, 32).holds
     # arrivals too slow to refill the queue within half a batch: the bound does not apply
@@ -773,6 +779,14 @@ def test_a_setting_that_broke_the_budget_in_one_repeat_does_not_hold_it():
     timer = sweep_point("timer", 16, 10, 363, 84, 365)
     verdict = verdicts.choose_setting([greedy, timer], 0.120, DEFAULT)
     assert verdict.holds and verdict.sentence.startswith("For p99 ≤ 120 ms, run: timer 16 / 10 ms")
+
+
+def test_the_budget_is_printed_as_set_not_rounded_up():
+    """07's run: a 97.6 ms budget (10 x t(1)) was printed 'p99 <= 98 ms' beside a repeat of 97 ms."""
+    point = sweep_point("greedy", 16, 0, 60, 90, 60)
+    point["p99"] = measurement("p99", "resnet18", 0.090, "s", (0.085, 0.0975), 2, point["p99"].where)
+    verdict = verdicts.choose_setting([point], 0.0976, DEFAULT)
+    assert verdict.holds and verdict.sentence.startswith("For p99 ≤ 97.6 ms, run: greedy 16")
 
 
 def test_two_p99_ranges_a_millisecond_apart_are_not_told_apart():
