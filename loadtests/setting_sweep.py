@@ -19,7 +19,7 @@ from pathlib import Path
 if not __package__:  # locust -f loadtests imports each file on its own, from anywhere
     import _repo_path  # noqa: F401
 
-from loadtests import instruments, plots, queueing
+from loadtests import definitions, instruments, plots, queueing
 from loadtests.verdicts import setting_label
 
 #: The records each point keeps, over its repeats.
@@ -73,6 +73,12 @@ def predicted(point: Mapping, cost: queueing.BatchCost, t_http_s: Mapping[int, f
                             max_wait_s=w["max_wait_ms"] / 1e3, policy=w["policy"])
 
 
+def side(ratio: float) -> str:
+    """Where a point's measured over predicted p99 lies: within the noise band of 1, or on which
+    side of it (above 1 the model was optimistic)."""
+    return "within" if definitions.agree(ratio, 1.0) else "optimistic" if ratio > 1 else "pessimistic"
+
+
 def print_points(merged: Sequence[Mapping], cost: queueing.BatchCost, t_http_s: Mapping[int, float]) -> None:
     """The sweep's table: the client's view, the server's, and the model's p99 beside it, with
     measured over predicted where the model put the point below capacity and nothing was shed
@@ -88,7 +94,8 @@ def print_points(merged: Sequence[Mapping], cost: queueing.BatchCost, t_http_s: 
               f"{'':>3} {p['mean batch'].value:>6.2f} {p['device time per request'].value * 1e3:>10.2f} | "
               + (f"{'past capacity':>9}" if model.saturated else
                  f"{model.p99_ms:>9.0f} {'miss (shed)':>14}" if p["shed"] else
-                 f"{model.p99_ms:>9.0f} {p['p99'].value * 1e3 / model.p99_ms:>14.2f}"))
+                 f"{model.p99_ms:>9.0f} {p['p99'].value * 1e3 / model.p99_ms:>14.2f} "
+                 f"{side(p['p99'].value * 1e3 / model.p99_ms)}"))
 
 
 def model_errors(merged: Sequence[Mapping], cost: queueing.BatchCost,
