@@ -89,13 +89,13 @@ def print_points(merged: Sequence[Mapping], cost: queueing.BatchCost, t_http_s: 
     for p in merged:
         model = predicted(p, cost, t_http_s)
         low, high = p["p99"].spread
+        ratio = p["p99"].value * 1e3 / model.p99_ms   # measured over predicted
         print(f"{setting_label(p['p99']):<18} {p['p99'].where['offered_rps']:>7g} {p['throughput'].value:>6.0f} "
               f"{p['shed']:>5} {p['p50'].value * 1e3:>5.0f} {p['p99'].value * 1e3:>7.0f} ({low * 1e3:.0f}–{high * 1e3:.0f})"
               f"{'':>3} {p['mean batch'].value:>6.2f} {p['device time per request'].value * 1e3:>10.2f} | "
               + (f"{'past capacity':>9}" if model.saturated else
                  f"{model.p99_ms:>9.0f} {'miss (shed)':>14}" if p["shed"] else
-                 f"{model.p99_ms:>9.0f} {p['p99'].value * 1e3 / model.p99_ms:>14.2f} "
-                 f"{side(p['p99'].value * 1e3 / model.p99_ms)}"))
+                 f"{model.p99_ms:>9.0f} {ratio:>14.2f} {side(ratio)}"))
 
 
 def model_errors(merged: Sequence[Mapping], cost: queueing.BatchCost,

@@ -63,6 +63,7 @@ def test_overlapping_ranges_beyond_the_band_cannot_be_told_apart(run):
     with pytest.raises(ledger.Contradiction, match="07 contradicts 10"):
         run.record(share(0.60, 0.58, 0.62), "07")     # overlaps 01's range, misses 10's (0.37-0.42)
 
+
 def test_other_conditions_are_named(run):
     run.record(t_http(91, max_batch_size=16), "04")
     (note,) = run.record(t_http(254, max_batch_size=1), "04")

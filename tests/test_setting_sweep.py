@@ -63,3 +63,11 @@ def test_a_point_the_model_put_below_capacity_that_shed_is_a_miss():
             row("greedy", 1, 0, 400, 900, 80, shed=900)]   # past capacity by the model: not a miss
     (miss,) = setting_sweep.model_misses(setting_sweep.points(rows), cost, t_http)
     assert (miss["p99"].where["offered_rps"], miss["shed"]) == (100, 2)
+
+
+def test_a_ratio_is_within_the_band_or_on_one_side():
+    """07's run: a ratio of 0.87 read as pessimistic at two decimals but lay within the band."""
+    assert setting_sweep.side(0.87) == "within"      # 1 / 0.87 = 1.149, inside the 15% band
+    assert setting_sweep.side(0.86) == "pessimistic"
+    assert setting_sweep.side(1.15) == "within"
+    assert setting_sweep.side(1.16) == "optimistic"
