@@ -27,6 +27,9 @@ Settled here, once (each function's docstring gives the reason):
   server's *core* was is another quantity, ``core_share``.
 * Two notebooks that measure the same quantity agree when they are within ``NOISE_BAND`` of
   each other (``agree``); a smaller difference is not a finding on a shared 2-core machine.
+  Beyond the band they *contradict* only when their ranges over the repeats miss each other and
+  that could hardly happen by chance: ``chance_apart`` of their repeat counts at most
+  ``CHANCE_LEVEL``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,11 @@ from collections.abc import Sequence
 #: (or notebooks) of a shared 2-core machine, are the same number: the 15 % that
 #: ``loadtests.plots.recommend`` already uses to tie single repeats.
 NOISE_BAND = 0.15
+
+#: The largest chance (``chance_apart``) at which two measurements whose ranges miss each other
+#: still count as a contradiction: 1 in 100, so a run of the lesson's dozen or so comparisons
+#: seldom fails on noise alone.
+CHANCE_LEVEL = 0.01
 
 #: The batch sizes the cost line ``t(b) = F + c·b`` goes through (see ``fit_cost_line``).
 FIT_BATCH_SIZES = (2, 4, 8)
@@ -405,3 +413,17 @@ def indistinguishable(range_a: tuple[float, float], range_b: tuple[float, float]
 
     (low_a, high_a), (low_b, high_b) = widened(range_a), widened(range_b)
     return low_a <= high_b and low_b <= high_a
+
+
+def chance_apart(repeats_a: int, repeats_b: int) -> float:
+    """The chance that ``repeats_a`` and ``repeats_b`` repeats of one and the same measurement
+    fall into two ranges that miss each other: ``2 / C(a + b, a)``.
+
+    Why: if nothing differs between the two runs, every order of the ``a + b`` values is equally
+    likely, and only two orders (all of one below all of the other) leave the ranges apart.
+    Three repeats against three miss each other one time in ten by chance alone, so such a pair
+    cannot show a contradiction at ``CHANCE_LEVEL``; five against five (0.8 %) can.
+    """
+    if repeats_a < 1 or repeats_b < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats_a!r} and {repeats_b!r}")
+    return min(1.0, 2 / math.comb(repeats_a + repeats_b, repeats_a))

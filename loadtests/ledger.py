@@ -11,7 +11,10 @@ file. Recording a quantity of a model:
   apart whose ranges over their repeats overlap (``definitions.indistinguishable``) cannot be
   told apart by this run, and the note says so instead of calling them either the same number or
   a contradiction. On a shared machine whose speed drifts, a notebook's noisy measurement spans
-  both; two tight ranges that miss each other still fail;
+  both. Ranges that miss each other fail only when enough repeats stand behind them: when
+  ``definitions.chance_apart`` of the two repeat counts (how often one measurement's repeats
+  fall apart like that by chance) is at most ``definitions.CHANCE_LEVEL``; three repeats against
+  three (one time in ten) are too few, and the note says so;
 * recorded under **different conditions**, the note returned says which conditions differ (t_http at
   MAX_BATCH_SIZE 1 and 16 are two quantities, and the sentence must say which one it means);
 * with **no earlier record**, the note says that nothing was compared: a notebook run alone must
@@ -39,7 +42,8 @@ DEFAULT_PATH = Path(__file__).resolve().parents[1] / "results" / "run-ledger.jso
 
 
 class Contradiction(AssertionError):
-    """A quantity measured twice under the same conditions, outside the noise band."""
+    """A quantity measured twice under the same conditions, outside the noise band, by enough
+    repeats whose ranges miss each other."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,11 +100,19 @@ class Ledger:
                              f"{before.describe()} there; now {record.describe()}. The values are more than the "
                              f"noise band ({self.band:.0%}) apart, but their ranges over the repeats overlap: "
                              "this run's noise is too wide to call it agreement or a contradiction.")
+            elif (chance := definitions.chance_apart(before.repeats, record.repeats)) > definitions.CHANCE_LEVEL:
+                notes.append(f"{record.quantity} of {record.model} cannot be told apart from {entry.notebook}'s: "
+                             f"{before.describe()} there; now {record.describe()}. Their ranges miss each other, "
+                             f"but {before.repeats} repeats against {record.repeats} of one and the same "
+                             f"measurement fall apart like that {chance:.0%} of the time by chance alone, "
+                             f"more than the {definitions.CHANCE_LEVEL:.0%} a contradiction needs: "
+                             "too few repeats to tell.")
             else:
                 raise Contradiction(
                     f"{notebook} contradicts {entry.notebook}: {record.quantity} of {record.model} under the "
                     f"same conditions is {record.describe()} here against {before.describe()} there, more "
-                    f"than the noise band ({self.band:.0%}) apart")
+                    f"than the noise band ({self.band:.0%}) apart, and their ranges over {before.repeats} and "
+                    f"{record.repeats} repeats miss each other (by chance alone {chance:.2%} of the time)")
         return notes or [f"no earlier record of {record.quantity} of {record.model} in this run's ledger: "
                          "nothing compared."]
 

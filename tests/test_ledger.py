@@ -11,13 +11,13 @@ from conftest import ROOT
 if str(ROOT) not in sys.path:  # loadtests/ is a folder of the repository, not an installed package
     sys.path.insert(0, str(ROOT))
 
-from loadtests import ledger  # noqa: E402
+from loadtests import definitions, ledger  # noqa: E402
 from loadtests.instruments import measurement  # noqa: E402
 
 
-def t_http(value_us: float, max_batch_size: int = 16, body_bytes: int = 49280):
+def t_http(value_us: float, max_batch_size: int = 16, body_bytes: int = 49280, repeats: int = 5):
     value = value_us * 1e-6
-    return measurement("t_http", "noop", value, "s", (0.9 * value, 1.1 * value), 3,
+    return measurement("t_http", "noop", value, "s", (0.9 * value, 1.1 * value), repeats,
                        {"max_batch_size": max_batch_size, "body_bytes": body_bytes, "clock": "server CPU"},
                        {"mean_batch": 12.5})
 
@@ -43,11 +43,32 @@ def test_agreement_within_the_band_is_noted(run):
 
 
 def test_a_contradiction_under_the_same_conditions_fails(run):
-    """04's 91 µs and 07's 131 µs, both 'through t_http_s', had they been the same conditions."""
+    """04's 91 µs and 07's 131 µs, both 'through t_http_s', had they been the same conditions,
+    five repeats each: ranges that far apart happen by chance 0.8 % of the time."""
     run.record(t_http(91), "04")
-    with pytest.raises(ledger.Contradiction, match="07 contradicts 04"):
+    with pytest.raises(ledger.Contradiction, match=r"07 contradicts 04: .* 5 and 5 repeats .* 0\.79%"):
         run.record(t_http(131), "07")
     assert len(run.entries()) == 1       # the contradicting record is not written
+
+
+@pytest.mark.parametrize("before, now, chance", [(3, 3, "10%"), (7, 3, "2%"), (1, 7, "25%")])
+def test_ranges_apart_over_too_few_repeats_cannot_be_told_apart(run, before, now, chance):
+    """The same gap as above, over too few repeats: one measurement's repeats fall apart like
+    that more often than ``CHANCE_LEVEL``, so the note says so and nothing fails."""
+    run.record(t_http(91, repeats=before), "04")
+    (note,) = run.record(t_http(131, repeats=now), "07")
+    assert "cannot be told apart from 04's" in note and "agrees" not in note
+    assert f"{before} repeats against {now}" in note and f"{chance} of the time" in note
+    assert len(run.entries()) == 2
+
+
+def test_how_many_repeats_a_contradiction_needs():
+    """7 against 5 (0.25 %) fails at the 1 % level; 7 against 3 (1.7 %) only at a 2 % level."""
+    assert definitions.chance_apart(5, 5) == pytest.approx(2 / 252)
+    assert definitions.chance_apart(7, 5) <= definitions.CHANCE_LEVEL < definitions.chance_apart(7, 3)
+    assert definitions.chance_apart(1, 1) == 1.0
+    with pytest.raises(ValueError):
+        definitions.chance_apart(0, 3)
 
 
 def test_overlapping_ranges_beyond_the_band_cannot_be_told_apart(run):
