@@ -283,6 +283,25 @@ def test_a_call_that_costs_by_padded_tokens():
     assert verdict.holds and verdict.word == "grows with padded tokens, not with rows"
 
 
+def test_equal_tokens_that_cost_unequally_still_follow_tokens_rather_than_rows():
+    """The quick-mode run that failed the old within-the-band rule: 0.85× for the same tokens in
+    4× the rows is far nearer padded tokens' 1× than rows' 4×; 4.23× for 4× the tokens too."""
+    verdict = verdicts.grows_with_padded_tokens(call(74.07, 4, 64), call(62.94, 16, 16), call(266.28, 16, 64))
+    assert verdict.holds and "took 0.85× as long" in verdict.sentence and "took 4.23×" in verdict.sentence
+
+
+@pytest.mark.parametrize("more_rows_ms, holds", [(19.9, True), (20.0, False), (5.1, True), (5.0, False)])
+def test_equal_tokens_are_judged_at_the_midpoint_on_a_log_scale(more_rows_ms, holds):
+    """4× the rows: the midpoints between 1× and 4× (and 1/4×) are 2× and 1/2×."""
+    verdict = verdicts.grows_with_padded_tokens(call(10, 4, 256), call(more_rows_ms, 16, 64), call(80, 16, 256))
+    assert verdict.holds is holds
+
+
+def test_fewer_rows_far_costlier_is_not_a_cost_by_tokens():
+    verdict = verdicts.grows_with_padded_tokens(call(40, 4, 256), call(8, 16, 64), call(40, 16, 256))
+    assert not verdict.holds and verdict.word == "is not set by padded tokens alone"
+
+
 def test_a_cost_by_rows_is_not_a_cost_by_tokens():
     """The counterexample: 4 rows of 256 and 16 rows of 64 cost as their rows, not their tokens."""
     verdict = verdicts.grows_with_padded_tokens(call(10, 4, 256), call(40, 16, 64), call(42, 16, 256))
@@ -327,9 +346,21 @@ def test_overlapping_throughputs_cannot_be_told_apart():
     assert not verdict.holds and verdict.word == "cannot choose between"
 
 
+def test_a_pick_just_under_the_budget_is_said_to_be_so():
+    """none at 559 ms under a 559.4 ms budget (notebook 14's run): picked, with the warning."""
+    near = verdicts.pick_for_p99_budget([text_point("none", 16, 41, 559), text_point("rows", 16, 21, 995)], 0.5594)
+    assert near.holds and near.sentence.endswith("none's p99, 559 ms, lies within the noise band (15%) of the "
+                                                 "budget: a re-run may find it over.")
+    clear = verdicts.pick_for_p99_budget([text_point("none", 16, 41, 480), text_point("rows", 16, 21, 995)], 0.5594)
+    assert clear.holds and "noise band" not in clear.sentence
+
+
 def test_no_setting_meets_the_budget():
     verdict = verdicts.pick_for_p99_budget([text_point("rows", 16, 140, 300), text_point("tokens", 16, 150, 250)], 0.2)
     assert not verdict.holds and verdict.word == "no setting meets"
+    assert verdict.sentence.endswith("200 ms at the load compared (16 clients).")   # not "at any load"
+    several = verdicts.pick_for_p99_budget([text_point("rows", 4, 80, 300), text_point("rows", 16, 140, 300)], 0.2)
+    assert several.sentence.endswith("at any of the loads compared (4, 16 clients).")
     with pytest.raises(Incomparable):   # a pair from two runs
         verdicts.pick_for_p99_budget([(text_point("rows", 4, 80, 70)[0], text_point("rows", 16, 80, 70)[1])], 0.2)
 
