@@ -358,10 +358,9 @@ def grows_with_padded_tokens(fewer_rows: Measurement, more_rows: Measurement,
                 f"(t({shape(more_rows)}) = {more_rows.value * 1e3:.2f} ms against t({shape(fewer_rows)}) = "
                 f"{fewer_rows.value * 1e3:.2f} ms), where padded tokens predict 1× and rows {k:g}×; {m:g}× the "
                 f"tokens in the same rows took {more_tokens:.2f}× (t({shape(longer)}) = {longer.value * 1e3:.2f} ms), "
-                f"where padded tokens predict {m:g}× and rows 1×; each ratio is judged by the side it falls "
-                f"of the midpoint on a log scale, "
-                + (f"{math.sqrt(k):.2g}× for both." if k == m else
-                   f"{math.sqrt(k):.2g}× and {math.sqrt(m):.2g}×."))
+                f"where padded tokens predict {m:g}× and rows 1×. Padded tokens are followed when the first "
+                f"ratio lies between {1 / math.sqrt(k):.2g}× and {math.sqrt(k):.2g}× and the second above "
+                f"{math.sqrt(m):.2g}× (the midpoints, on a log scale, between the two predictions).")
     return Verdict("a call costs by its padded tokens", same and grows, word, sentence)
 
 
@@ -375,8 +374,8 @@ def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s:
     the runner-up's throughput over its repeats overlaps the pick's
     (``definitions.indistinguishable``), the two cannot be told apart and the sentence says so.
     It holds when some setting meets the budget and the pick is told apart from the runner-up.
-    A pick whose p99 lies within the noise band under the budget is said to be so: the budget
-    held in this run, and may not in the next.
+    A pick whose p99 lies within the noise band under the budget, and a setting that missed it
+    by less than the band, are said to be so: this run's verdict on them may not be the next's.
     """
     best: dict[str, Measurement] = {}
     p99_of: dict[str, Measurement] = {}
@@ -411,8 +410,13 @@ def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s:
     sentence += (f"; not within it at that load: {', '.join(missed)}." if missed else ".")
     near = p99_of[pick.where[setting]].value
     if definitions.agree(near, budget_s):
-        sentence += (f" {pick.where[setting]}'s p99, {near * 1e3:.0f} ms, lies within the noise band "
-                     f"({definitions.NOISE_BAND:.0%}) of the budget: a re-run may find it over.")
+        sentence += (f" The p99 of {pick.where[setting]}, {near * 1e3:.0f} ms, lies within the noise band "
+                     f"({definitions.NOISE_BAND:.0%}) under the budget: a re-run may find it over.")
+    for name in missed:
+        closest = min((p99 for _, p99 in points if p99.where[setting] == name), key=lambda r: r.value)
+        if definitions.agree(closest.value, budget_s):
+            sentence += (f" The p99 of {name}, {closest.value * 1e3:.0f} ms, missed it by {closest.value / budget_s - 1:.0%}, "
+                         f"within the noise band ({definitions.NOISE_BAND:.0%}): a re-run may let it in.")
     return Verdict("one setting serves the most within the p99 budget", not tied, word, sentence)
 
 
@@ -803,7 +807,7 @@ def _load_phrase(record: Measurement, otherwise: str) -> str:
     where = record.where
     clients = where.get("clients", where.get("users", where.get("connections")))
     if clients is not None:
-        return f"with {clients} closed-loop clients"
+        return f"with {clients} closed-loop client{'' if clients == 1 else 's'}"
     return f"at {where['offered_rps']:g} requests/s offered" if "offered_rps" in where else otherwise
 
 
