@@ -14,7 +14,9 @@ file. Recording a quantity of a model:
   both. Ranges that miss each other fail only when enough repeats stand behind them: when
   ``definitions.chance_apart`` of the two repeat counts (how often one measurement's repeats
   fall apart like that by chance) is at most ``definitions.CHANCE_LEVEL``; three repeats against
-  three (one time in ten) are too few, and the note says so;
+  three (one time in ten) are too few, and the note says so. A value that is not positive (a
+  fixed share whose noisy line crossed zero) has no ratio to the other, so only its range is
+  compared;
 * recorded under **different conditions**, the note returned says which conditions differ (t_http at
   MAX_BATCH_SIZE 1 and 16 are two quantities, and the sentence must say which one it means);
 * with **no earlier record**, the note says that nothing was compared: a notebook run alone must
@@ -92,7 +94,7 @@ class Ledger:
                 notes.append(f"{record.quantity} of {record.model} was measured in {entry.notebook} under "
                              f"other conditions ({'; '.join(differ)}): "
                              f"{before.describe()} — not the same quantity.")
-            elif definitions.agree(before.value, record.value, self.band):
+            elif before.value > 0 and record.value > 0 and definitions.agree(before.value, record.value, self.band):
                 notes.append(f"{record.quantity} of {record.model} agrees with {entry.notebook} within the "
                              f"noise band ({self.band:.0%}): {before.describe()}; now {record.describe()}.")
             elif definitions.indistinguishable(before.spread, record.spread, self.band):

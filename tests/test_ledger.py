@@ -85,6 +85,18 @@ def test_overlapping_ranges_beyond_the_band_cannot_be_told_apart(run):
         run.record(share(0.60, 0.58, 0.62), "07")     # overlaps 01's range, misses 10's (0.37-0.42)
 
 
+def test_a_value_that_is_not_positive_is_judged_by_its_range(run):
+    """CI's quick run of 10: the small CNN's fixed share came out -117 % (its noisy line crossed
+    zero). It has no ratio to 01's 45 %; its range decides, and a tight one still fails."""
+    share = lambda value, low, high: measurement("fixed share", "small-cnn", value, "share", (low, high), 5,
+                                                 {"clock": "wall", "threads": 1})
+    run.record(share(0.45, 0.42, 0.51), "01")
+    (note,) = run.record(share(-1.17, -2.5, 0.44), "10")
+    assert "cannot be told apart from 01's" in note
+    with pytest.raises(ledger.Contradiction, match="07 contradicts 01"):
+        run.record(share(-1.17, -1.3, -1.0), "07")
+
+
 def test_other_conditions_are_named(run):
     run.record(t_http(91, max_batch_size=16), "04")
     (note,) = run.record(t_http(254, max_batch_size=1), "04")
