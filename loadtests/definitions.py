@@ -30,6 +30,9 @@ Settled here, once (each function's docstring gives the reason):
   Beyond the band they *contradict* only when their ranges over the repeats miss each other and
   that could hardly happen by chance: ``chance_apart`` of their repeat counts at most
   ``CHANCE_LEVEL``.
+* Two *settings* measured in one run are **told apart** (``told_apart``) only when their ranges
+  miss each other by more than ``NOISE_BAND``, or over enough repeats (``chance_apart`` at most
+  ``CHANCE_LEVEL``); otherwise a verdict says it cannot rank them.
 """
 
 from __future__ import annotations
@@ -427,3 +430,23 @@ def chance_apart(repeats_a: int, repeats_b: int) -> float:
     if repeats_a < 1 or repeats_b < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats_a!r} and {repeats_b!r}")
     return min(1.0, 2 / math.comb(repeats_a + repeats_b, repeats_a))
+
+
+def told_apart(range_a: tuple[float, float], repeats_a: int, range_b: tuple[float, float], repeats_b: int,
+               band: float = NOISE_BAND) -> bool:
+    """Whether two settings' measurements, each a (lowest, highest) over its repeats, rank them.
+
+    Their ranges must miss each other (not ``indistinguishable``), and then either the gap
+    between the nearer ends exceeds ``band``, or enough repeats lie on each side that chance
+    alone would part them so at most ``CHANCE_LEVEL`` of the time (``chance_apart``).
+
+    Why both: two repeats against two miss each other one time in three with nothing behind
+    it, so missing alone ranks nothing; but a range of two repeats also understates how far a
+    repeat can move, and a gap wider than the band is beyond what repeats of one measurement
+    do on this machine. A narrow gap over few repeats is not told apart.
+    """
+    if indistinguishable(range_a, range_b, band):
+        return False
+    lower, upper = sorted((range_a, range_b))
+    wide_gap = lower[1] > 0 and upper[0] / lower[1] - 1.0 > band + 1e-9
+    return wide_gap or chance_apart(repeats_a, repeats_b) <= CHANCE_LEVEL

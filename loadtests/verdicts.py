@@ -176,21 +176,38 @@ def fills_by_itself(run: Measurement) -> Verdict:
 
 
 def indistinguishable(a: Measurement, b: Measurement, setting: str = "policy") -> Verdict:
-    """Whether two settings' p99s (records with a spread over repeats) cannot be ranked: their
-    ranges overlap (``definitions.indistinguishable``), or their values agree within the noise
-    band (two ranges a millisecond apart rank nothing). Refused unless measured under the same conditions
-    but ``setting`` (and MAX_WAIT and MAX_BATCH_SIZE, the settings being compared): the same
-    offered load above all."""
+    """Whether two settings' p99s (records with a spread over repeats) cannot be ranked: they
+    are not ``definitions.told_apart`` (ranges that miss each other by more than the noise band,
+    or over enough repeats), or their values agree within the band (two ranges a millisecond
+    apart rank nothing). Refused unless measured under the same conditions but ``setting`` (and
+    MAX_WAIT and MAX_BATCH_SIZE, the settings being compared): the same offered load above all."""
     comparable(a, b, ignore=(setting, "max_wait_ms", "max_batch_size"))
-    holds = definitions.indistinguishable(a.spread, b.spread) or definitions.agree(a.value, b.value)
+    holds = not _told_apart(a, b)
     word = "indistinguishable" if holds else "told apart"
     load = _load_phrase(a, "at one load")
     return Verdict("the settings are indistinguishable", holds, word,
                    f"{a.model} and {b.model} are {word} {load}: p99 {a.value * 1e3:.0f} ms "
-                   f"({a.spread[0] * 1e3:.0f}–{a.spread[1] * 1e3:.0f}) against {b.value * 1e3:.0f} ms "
-                   f"({b.spread[0] * 1e3:.0f}–{b.spread[1] * 1e3:.0f}) over their repeats; told apart only when "
-                   f"the ranges miss each other and the values differ by more than the noise band "
-                   f"({definitions.NOISE_BAND:.0%}).")
+                   f"({a.spread[0] * 1e3:.0f}–{a.spread[1] * 1e3:.0f} over {_repeats(a)}) against "
+                   f"{b.value * 1e3:.0f} ms ({b.spread[0] * 1e3:.0f}–{b.spread[1] * 1e3:.0f} over {_repeats(b)}); "
+                   + _TOLD_APART_RULE)
+
+
+def _repeats(record: Measurement) -> str:
+    return f"{record.repeats} repeat{'s' * (record.repeats != 1)}"
+
+
+def _told_apart(a: Measurement, b: Measurement) -> bool:
+    """Whether two settings' records rank them: values beyond the noise band and
+    ``definitions.told_apart`` over their repeats. Every verdict that ranks settings asks this."""
+    return not definitions.agree(a.value, b.value) and definitions.told_apart(a.spread, a.repeats,
+                                                                              b.spread, b.repeats)
+
+
+#: How every verdict that ranks two settings says what :func:`_told_apart` asks.
+_TOLD_APART_RULE = (f"told apart only when the values differ by more than the noise band "
+                    f"({definitions.NOISE_BAND:.0%}) and the ranges miss each other by more than it too, or "
+                    f"over enough repeats that chance alone would part them at most "
+                    f"{definitions.CHANCE_LEVEL:.0%} of the time.")
 
 
 def wait_saved(greedy: Measurement, waiting: Measurement) -> Verdict:
@@ -371,22 +388,21 @@ def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s:
     ``points``: (throughput, p99) record pairs, one per setting (the conditions' ``setting``)
     and load, both from the same windows. Per setting, its best point is the highest throughput
     whose p99 is within ``budget_s``. The pick is the setting with the best such throughput; if
-    the runner-up's throughput over its repeats overlaps the pick's
-    (``definitions.indistinguishable``), the two cannot be told apart and the sentence says so.
+    the runner-up's throughput is not told apart from the pick's (:func:`_told_apart`), the
+    sentence says that it cannot choose between them.
     It holds when some setting meets the budget and the pick is told apart from the runner-up.
     A pick whose p99 lies within the noise band under the budget, and a setting that missed it
     by less than the band, are said to be so: this run's verdict on them may not be the next's.
     """
-    best: dict[str, Measurement] = {}
-    p99_of: dict[str, Measurement] = {}
+    best: dict[str, tuple[Measurement, Measurement]] = {}    # per setting, its best (throughput, p99)
     for rate, p99 in points:
         if p99.quantity != "p99" or rate.quantity != "text throughput":
             raise Incomparable(f"need (text throughput, p99) pairs, got ({rate.quantity}, {p99.quantity})")
         if rate.where != p99.where:
             raise Incomparable("a pair's throughput and p99 come from different runs")
         name = rate.where[setting]
-        if p99.value <= budget_s and (name not in best or rate.value > best[name].value):
-            best[name], p99_of[name] = rate, p99
+        if p99.value <= budget_s and (name not in best or rate.value > best[name][0].value):
+            best[name] = (rate, p99)
     missed = sorted({rate.where[setting] for rate, _ in points} - best.keys())
     if not best:
         loads = sorted({str(p99.where.get("clients", "?")) for _, p99 in points}, key=lambda c: (len(c), c))
@@ -394,21 +410,22 @@ def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s:
                  f"at any of the loads compared ({', '.join(loads)} clients)")
         return Verdict("a setting meets the p99 budget", False, "no setting meets",
                        f"No setting meets the p99 budget of {budget_s * 1e3:.0f} ms {where}.")
-    ranked = sorted(best.values(), key=lambda r: r.value, reverse=True)
+    ranked = sorted((rate for rate, _ in best.values()), key=lambda r: r.value, reverse=True)
     pick = ranked[0]
-    tied = [r for r in ranked[1:] if definitions.indistinguishable(pick.spread, r.spread)]
+    tied = [r for r in ranked[1:] if not _told_apart(pick, r)]
     listing = "; ".join(f"{r.where[setting]} {r.value:.1f} texts/s ({r.spread[0]:.1f}–{r.spread[1]:.1f}) "
                         f"at {r.where.get('clients', '?')} client{'' if r.where.get('clients') == 1 else 's'}" for r in ranked)
     if tied:
         word = "cannot choose between"
         head = (f"For a p99 budget of {budget_s * 1e3:.0f} ms we {word} {pick.where[setting]} and "
-                + ", ".join(r.where[setting] for r in tied) + ": their best throughputs overlap over the repeats")
+                + ", ".join(r.where[setting] for r in tied) + ": their best throughputs cannot be told apart "
+                "over the repeats (" + _TOLD_APART_RULE[:-1] + ")")
     else:
         word = "pick"
         head = f"For a p99 budget of {budget_s * 1e3:.0f} ms, {word} {pick.where[setting]}"
     sentence = head + f" (best within the budget: {listing})"
     sentence += (f"; not within it at that load: {', '.join(missed)}." if missed else ".")
-    near = p99_of[pick.where[setting]].value
+    near = best[pick.where[setting]][1].value
     if definitions.agree(near, budget_s):
         sentence += (f" The p99 of {pick.where[setting]}, {near * 1e3:.0f} ms, lies within the noise band "
                      f"({definitions.NOISE_BAND:.0%}) under the budget: a re-run may find it over.")
@@ -423,24 +440,25 @@ def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s:
 def pads_less(candidate: Measurement, baseline: Measurement, setting: str = "batching") -> Verdict:
     """Whether ``candidate``'s calls held less padding than ``baseline``'s at the same load:
     two ``instruments.padding_efficiency`` records under the same conditions but ``setting``.
-    It holds when the candidate's lowest efficiency over its repeats is above the baseline's
-    highest; overlapping ranges are not told apart."""
+    It holds when the two are told apart (:func:`_told_apart`) and the candidate's efficiency
+    is the higher."""
     if candidate.quantity != "padding efficiency":
         raise Incomparable(f"need padding efficiency records, got {candidate.quantity!r}")
     comparable(candidate, baseline, ignore=(setting,))
-    holds = candidate.spread[0] > baseline.spread[1]
+    apart = _told_apart(candidate, baseline)
+    holds = apart and candidate.value > baseline.value
     if holds:
         word = "padded less than"
-    elif definitions.indistinguishable(candidate.spread, baseline.spread):
+    elif not apart:
         word = "cannot be told apart in padding from"
     else:
         word = "padded more than"
     return Verdict("one setting pads less", holds, word,
                    f"At {candidate.where.get('clients', '?')} clients, {candidate.where[setting]} {word} "
                    f"{baseline.where[setting]}: padding efficiency {candidate.value:.2f} "
-                   f"({candidate.spread[0]:.2f}–{candidate.spread[1]:.2f}) against {baseline.value:.2f} "
-                   f"({baseline.spread[0]:.2f}–{baseline.spread[1]:.2f}) over the repeats; real tokens over "
-                   "the padded tokens the model ran.")
+                   f"({candidate.spread[0]:.2f}–{candidate.spread[1]:.2f} over {_repeats(candidate)}) against "
+                   f"{baseline.value:.2f} ({baseline.spread[0]:.2f}–{baseline.spread[1]:.2f} over "
+                   f"{_repeats(baseline)}), real tokens over the padded tokens the model ran; " + _TOLD_APART_RULE)
 
 # -- a batching runner alone (notebooks 02 and 03) -------------------------------------------------
 
@@ -981,9 +999,9 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
        repeat (the highest of its range) and it shed nothing there: a setting that broke the
        budget in one run of two is not one to recommend for it.
     2. The candidates hold it at the highest load any setting holds it.
-    3. Among them, the most throughput at the next load up; a candidate that served within the
-       noise band of the best (``definitions.agree``), or whose range over the repeats overlaps
-       the best's (``definitions.indistinguishable``), stays tied with it.
+    3. Among them, the most throughput at the next load up; a candidate not told apart from the
+       best (:func:`_told_apart`: within the noise band of it, or ranges over the repeats that
+       overlap it or miss it narrowly over too few repeats) stays tied with it.
     4. A tie goes to ``default`` when it is among them; otherwise the data cannot choose, and
        the verdict fails and names them. Device time, p50 and the like never enter.
     """
@@ -1021,8 +1039,7 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
         rates = {label: by_setting[label][nxt]["throughput"] for label in candidates if nxt in by_setting[label]}
         if rates:
             best = max(rates, key=lambda label: rates[label].value)
-            tied = [label for label in rates if definitions.agree(rates[label].value, rates[best].value)
-                    or definitions.indistinguishable(rates[best].spread, rates[label].spread)]
+            tied = [label for label in rates if not _told_apart(rates[best], rates[label])]
             tied.sort(key=lambda label: label != best)
             ranked = True
             evidence += (f"; served at {nxt:g} requests/s offered: "
@@ -1068,6 +1085,39 @@ def faulting_slows(faulted: Sequence[tuple[int, float, float]]) -> Verdict:
     sentence += ("; more processes (`PROCESSES_PER_CASE`) may tell them apart." if word.startswith("as fast")
                  else ".")
     return Verdict("faulting calls run slower", word != "faster than", word, sentence)
+
+
+def misses_reach(percentiles_ms: Mapping[float, float], slow: int, requests: int, load_ms: float,
+                 margin: int = 3) -> Verdict:
+    """Whether the slow requests reach exactly the percentiles their count predicts (appendix 09).
+
+    ``slow`` requests of ``requests`` took at least ``load_ms`` (every miss waits for a load; a
+    warm request that slow counts too). The *q*-th percentile (``percentiles_ms``: *q* in (0, 1)
+    -> its value) is then predicted to take ``load_ms`` or more exactly when the slow share
+    exceeds ``1 - q``. A percentile whose edge lies within ``margin`` requests of that count is
+    too close to call (interpolation between neighbours decides it) and is left out. It holds
+    when every percentile judged went as predicted, and at least one was judged.
+    """
+    if not 0 <= slow <= requests or requests < 1:
+        raise ValueError(f"need 0 <= slow <= requests, got {slow} of {requests}")
+    share = slow / requests
+    held, missed, close = [], [], []
+    for q, value_ms in sorted(percentiles_ms.items()):
+        name = f"p{round(q * 100)}"
+        if abs(share - (1 - q)) * requests < margin:
+            close.append(name)
+        elif (share > 1 - q) == (value_ms >= load_ms):
+            held.append(name)
+        else:
+            missed.append(name)
+    holds = bool(held) and not missed
+    sentence = (f"{slow} of {requests} requests took {load_ms:.0f} ms or more (a share of {share:.2f}); "
+                f"a percentile q was predicted to include one exactly when that share exceeds 1 − q. "
+                f"The prediction held at {_and(held) if held else 'none'}")
+    sentence += f" and missed at {_and(missed)}" if missed else ""
+    sentence += (f"; {_and(close)} lay within {margin} requests of the edge, too close to call." if close else ".")
+    return Verdict("the slow requests reach the percentiles their count predicts", holds,
+                   "held" if holds else "missed", sentence)
 
 
 def _and(items: Iterable[str]) -> str:

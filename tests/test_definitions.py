@@ -213,6 +213,17 @@ def test_agree_within_the_noise_band():
     assert d.agree(148.0, 134.0) and not d.agree(148.0, 116.0)
 
 
+def test_told_apart_needs_a_gap_beyond_the_band_or_enough_repeats():
+    assert not d.told_apart((250.0, 370.0), 5, (300.0, 430.0), 5)       # ranges overlap
+    assert not d.told_apart((194.0, 221.0), 2, (225.0, 340.0), 2)       # 2 % gap, chance 1/3
+    assert not d.told_apart((225.0, 340.0), 2, (194.0, 221.0), 2)       # either order
+    assert d.told_apart((150.0, 190.0), 2, (225.0, 340.0), 2)           # 18 % gap
+    assert d.told_apart((194.0, 221.0), 5, (225.0, 340.0), 5)           # chance 0.8 %
+    assert not d.told_apart((194.0, 221.0), 4, (225.0, 340.0), 4)       # chance 2.9 %
+    assert d.told_apart((100.0, 100.0), 1, (116.0, 116.0), 1)           # one repeat: by the band
+    assert not d.told_apart((100.0, 100.0), 1, (114.0, 114.0), 1)
+
+
 def test_indistinguishable_p99s():
     assert d.indistinguishable((250.0, 370.0), (300.0, 430.0))      # ranges overlap
     assert not d.indistinguishable((110.0, 140.0), (150.0, 320.0))  # they do not

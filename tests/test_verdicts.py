@@ -4,6 +4,8 @@ Among the records: the counterexamples a skeptical reading of the notebooks foun
 
 from __future__ import annotations
 
+import dataclasses
+
 import sys
 
 import pytest
@@ -159,6 +161,21 @@ def test_indistinguishable_by_overlapping_ranges():
     assert same.holds and "indistinguishable" in same.sentence
     apart = verdicts.indistinguishable(p99("greedy 16", 30, 33, 88), p99("timer 16", 46, 50, 88, "timer", 20))
     assert not apart.holds and "told apart" in apart.sentence
+
+
+def test_ranges_that_miss_narrowly_over_two_repeats_are_not_told_apart():
+    """Notebook 14's run: token budget's p99 194–221 ms against rows-only's 225–340 ms, two
+    rounds each. The values differ by 35 %, but the ranges miss each other by 2 %, which two
+    repeats against two do one time in three with nothing behind it."""
+    narrow = verdicts.indistinguishable(p99("tokens", 194, 221, 4), p99("rows", 225, 340, 4))
+    assert narrow.holds and "194–221 over 2 repeats" in narrow.sentence
+
+
+def test_p99s_apart_by_more_than_the_band_or_over_many_repeats_are_told_apart():
+    wide = verdicts.indistinguishable(p99("tokens", 150, 190, 4), p99("rows", 225, 340, 4))
+    assert not wide.holds
+    many = dataclasses.replace(p99("tokens", 194, 221, 4), repeats=5)
+    assert not verdicts.indistinguishable(many, dataclasses.replace(p99("rows", 225, 340, 4), repeats=5)).holds
 
 
 def test_two_policies_at_different_loads_are_refused():
@@ -333,12 +350,19 @@ def text_point(setting: str, clients: int, rate: float, p99_ms: float, spread: f
 def test_the_pick_serves_the_most_within_the_budget():
     points = [text_point("none", 4, 60, 90), text_point("none", 16, 62, 400),
               text_point("rows", 4, 70, 70), text_point("rows", 16, 110, 300),
-              text_point("tokens", 4, 85, 60), text_point("tokens", 16, 150, 180)]
+              text_point("tokens", 4, 95, 60), text_point("tokens", 16, 150, 180)]
     verdict = verdicts.pick_for_p99_budget(points, 0.2)
     assert verdict.holds and verdict.word == "pick" and "pick tokens" in verdict.sentence
     # the best throughput over budget does not count: at 0.1 s rows' 16 clients are out
     tight = verdicts.pick_for_p99_budget(points, 0.1)
-    assert tight.holds and "pick tokens" in tight.sentence and "85.0 texts/s" in tight.sentence
+    assert tight.holds and "pick tokens" in tight.sentence and "95.0 texts/s" in tight.sentence
+
+
+def test_throughputs_a_narrow_gap_apart_over_two_repeats_cannot_be_told_apart():
+    """85 (81–89) against 70 (67–74) texts/s, two repeats each: the ranges miss each other, but
+    by 10 %, inside the noise band, and two against two part so one time in three by chance."""
+    narrow = verdicts.pick_for_p99_budget([text_point("rows", 4, 70, 70), text_point("tokens", 4, 85, 60)], 0.1)
+    assert not narrow.holds and narrow.word == "cannot choose between" and "1%" in narrow.sentence
 
 
 def test_overlapping_throughputs_cannot_be_told_apart():
@@ -423,6 +447,8 @@ CASES = {
     "p99 budget": (lambda: verdicts.pick_for_p99_budget([text_point("rows", 16, 100, 150), text_point("tokens", 16, 150, 140)], 0.2),
                    lambda: verdicts.pick_for_p99_budget([text_point("rows", 16, 140, 150, 0.1),
                                                          text_point("tokens", 16, 150, 140, 0.1)], 0.2)),
+    "misses reach": (lambda: verdicts.misses_reach({0.5: 68.6, 0.99: 1916.1}, 52, 150, 750),
+                     lambda: verdicts.misses_reach({0.5: 800.0, 0.99: 1916.1}, 52, 150, 750)),
     "choose setting": (lambda: verdicts.choose_setting([sweep_point("greedy", 16, 0, 100, 30, 100)], 0.1, "greedy 16"),
                        lambda: verdicts.choose_setting([sweep_point("timer", 16, 10, 100, 30, 100),
                                                         sweep_point("timer", 16, 20, 100, 30, 100)], 0.1, "greedy 16")),
@@ -897,3 +923,20 @@ def test_faulting_slows_compares_each_batch_size_with_itself():
     assert "batch 16: 2000 and 3400 against 3700 rows/s" in near.sentence and "more processes" in near.sentence
     with pytest.raises(ValueError):
         verdicts.faulting_slows([])
+
+
+def test_misses_reach_the_percentiles_their_count_predicts():
+    """Appendix 09's run: 52 of 150 requests waited for a 750 ms load, so p90 and p99 include
+    one and p50 does not; a p50 as slow as a load (a warm request that slow, uncounted) fails."""
+    held = verdicts.misses_reach({0.5: 68.6, 0.9: 1252.8, 0.99: 1916.1}, 52, 150, 750)
+    assert held.holds and "held at p50, p90 and p99." in held.sentence
+    wrong = verdicts.misses_reach({0.5: 800.0, 0.9: 1252.8, 0.99: 1916.1}, 52, 150, 750)
+    assert not wrong.holds and "missed at p50" in wrong.sentence
+    short = verdicts.misses_reach({0.5: 68.6, 0.9: 700.0}, 52, 150, 750)   # a miss faster than a load
+    assert not short.holds and "missed at p90" in short.sentence
+    close = verdicts.misses_reach({0.9: 1252.8, 0.99: 1916.1}, 16, 150, 750)   # 16 of 150 ~ the p90 edge (15)
+    assert close.holds and "p90 lay within 3 requests of the edge" in close.sentence
+    none = verdicts.misses_reach({0.9: 700.0}, 15, 150, 750)
+    assert not none.holds and "held at none" in none.sentence
+    with pytest.raises(ValueError):
+        verdicts.misses_reach({0.5: 1.0}, 151, 150, 750)
