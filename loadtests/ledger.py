@@ -90,25 +90,24 @@ class Ledger:
         for entry in self.earlier(record):
             before = entry.measurement
             differ = _differences(before.where, record.where)
+            untold = (f"{record.quantity} of {record.model} cannot be told apart from {entry.notebook}'s: "
+                      f"{before.describe()} there; now {record.describe()}. ")
             if differ:
-                notes.append(f"{record.quantity} of {record.model} was measured in {entry.notebook} under "
-                             f"other conditions ({'; '.join(differ)}): "
-                             f"{before.describe()} — not the same quantity.")
+                notes.append(f"{record.quantity} of {record.model} was also measured in {entry.notebook}, under "
+                             f"other conditions ({'; '.join(differ)}), so the two are not compared: "
+                             f"{before.describe()}.")
             elif before.value > 0 and record.value > 0 and definitions.agree(before.value, record.value, self.band):
                 notes.append(f"{record.quantity} of {record.model} agrees with {entry.notebook} within the "
                              f"noise band ({self.band:.0%}): {before.describe()}; now {record.describe()}.")
             elif definitions.indistinguishable(before.spread, record.spread, self.band):
-                notes.append(f"{record.quantity} of {record.model} cannot be told apart from {entry.notebook}'s: "
-                             f"{before.describe()} there; now {record.describe()}. The values are more than the "
-                             f"noise band ({self.band:.0%}) apart, but their ranges over the repeats overlap: "
-                             "this run's noise is too wide to call it agreement or a contradiction.")
+                notes.append(untold + f"The values are more than the noise band ({self.band:.0%}) apart, but "
+                             "their ranges over the repeats overlap: this run's noise is too wide to call it "
+                             "agreement or a contradiction.")
             elif (chance := definitions.chance_apart(before.repeats, record.repeats)) > definitions.CHANCE_LEVEL:
-                notes.append(f"{record.quantity} of {record.model} cannot be told apart from {entry.notebook}'s: "
-                             f"{before.describe()} there; now {record.describe()}. Their ranges miss each other, "
-                             f"but {before.repeats} repeats against {record.repeats} of one and the same "
-                             f"measurement fall apart like that {chance:.0%} of the time by chance alone, "
-                             f"more than the {definitions.CHANCE_LEVEL:.0%} a contradiction needs: "
-                             "too few repeats to tell.")
+                notes.append(untold + f"Their ranges miss each other, but {before.repeats} repeats against "
+                             f"{record.repeats} of one and the same measurement fall apart like that "
+                             f"{chance:.0%} of the time by chance alone, more than the "
+                             f"{definitions.CHANCE_LEVEL:.0%} a contradiction needs: too few repeats to tell.")
             else:
                 raise Contradiction(
                     f"{notebook} contradicts {entry.notebook}: {record.quantity} of {record.model} under the "
