@@ -157,6 +157,11 @@ def account_explains(served: Measurement, t_http: Measurement, call: Measurement
                      "small beside the model's call for this measurement to test it.")
     else:
         sentence += f"; the core {direction}, beyond the noise band ({definitions.NOISE_BAND:.0%})."
+    low, high = (rate * (t_http.value + per_row) for rate in served.spread)
+    edges = [e for e in (1 / (1 + definitions.NOISE_BAND), 1 + definitions.NOISE_BAND) if low < e < high]
+    if edges:
+        sentence += (f" Over the repeats the efficiency with t_http ran {low:.2f}–{high:.2f}, across the band's edge "
+                     f"at {edges[0]:.2f}: a re-run may sort it the other way.")
     return Verdict("the two-part account explains the served rate", explains and tells, word, sentence)
 
 
@@ -895,7 +900,8 @@ def wait_costs_latency(greedy_p50: Measurement, waiting_p50: Measurement, t1_s: 
 def saves_less_when_busier(greedy_low: Measurement, waiting_low: Measurement,
                            greedy_high: Measurement, waiting_high: Measurement) -> Verdict:
     """Whether the same MAX_WAIT saved a smaller share of greedy's device time per request at
-    the higher load, by more than the noise band (as shares: ``definitions.device_time_saved``)."""
+    the higher load, by more than the noise band's worth of percentage points (the shares are
+    ``definitions.device_time_saved``; a share of 0.15 less, not 15 % of the share less)."""
     for g, w in ((greedy_low, waiting_low), (greedy_high, waiting_high)):
         _need(g, "device time per request")
         comparable(g, w, ignore=("policy", "max_wait_ms"))
@@ -908,7 +914,7 @@ def saves_less_when_busier(greedy_low: Measurement, waiting_low: Measurement,
     return Verdict("the busier the device, the less a wait buys", holds, word,
                    f"At {_load(greedy_high)} requests/s the same wait {word} of greedy's device "
                    f"time per request than at {_load(greedy_low)}: {high:.0%} against {low:.0%} "
-                   f"(clearly: by more than {definitions.NOISE_BAND:.0%}).")
+                   f"(clearly: by more than {definitions.NOISE_BAND * 100:.0f} percentage points).")
 
 
 def neighbour_gains(beside_greedy: Measurement, beside_waiting: Measurement) -> Verdict:
@@ -1040,7 +1046,7 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
         if rates:
             best = max(rates, key=lambda label: rates[label].value)
             tied = [label for label in rates if not _told_apart(rates[best], rates[label])]
-            tied.sort(key=lambda label: label != best)
+            tied.sort(key=lambda label: -rates[label].value)
             ranked = True
             evidence += (f"; served at {nxt:g} requests/s offered: "
                          + ", ".join(f"{label} {rates[label].value:.0f} ({rates[label].spread[0]:.0f}–"
@@ -1118,6 +1124,35 @@ def misses_reach(percentiles_ms: Mapping[float, float], slow: int, requests: int
     sentence += (f"; {_and(close)} lay within {margin} requests of the edge, too close to call." if close else ".")
     return Verdict("the slow requests reach the percentiles their count predicts", holds,
                    "held" if holds else "missed", sentence)
+
+
+def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float) -> Verdict:
+    """Whether batch 1's kind of kernel points the way t(1) lies off the cost line (appendix 10).
+
+    ``kernel_ratio``: batch 2's time with oneDNN off (batch 1's kind of kernel, PyTorch's own)
+    over its time with oneDNN on; above 1, PyTorch's own kernels are the slower. ``off_line``:
+    t(1) over the line's ``F + c``. Slower kernels at batch 1 predict a t(1) above the line,
+    faster ones a t(1) below it. A match is a direction, not an account: batch 2's change of
+    kernel need not cost what batch 1's does. Within the noise band either number says nothing.
+    """
+    if definitions.agree(off_line, 1.0):
+        holds, word, why = False, "no gap", "t(1) lay on the line, so there is no gap for the kernels to explain"
+    elif definitions.agree(kernel_ratio, 1.0):
+        holds, word, why = False, "no difference", ("the change of kernel made no difference beyond the noise band, "
+                                                    "so it does not account for the gap")
+    elif (kernel_ratio > 1) == (off_line > 1):
+        kind = "slower" if kernel_ratio > 1 else "faster"
+        side = "above" if off_line > 1 else "below"
+        holds, word, why = True, "points the way", (
+            f"PyTorch's own kernels are the {kind} ones, which points the way the gap does (t(1) {side} the line); "
+            "a direction, not an account: batch 2's change of kernel need not cost what batch 1's does")
+    else:
+        holds, word, why = False, "points the other way", (
+            "the change of kernel points the other way from the gap, so it does not account for it")
+    return Verdict("batch 1's kernels point the way its gap does", holds, word,
+                   f"{model}: with oneDNN off, batch 2 ran batch 1's kind of kernel and took {kernel_ratio:.2f}× its "
+                   f"time with oneDNN on, and t(1) was {off_line:.2f}× the line's F + c; {why} "
+                   f"(noise band {definitions.NOISE_BAND:.0%}).")
 
 
 def _and(items: Iterable[str]) -> str:

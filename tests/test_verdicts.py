@@ -120,6 +120,21 @@ def test_an_account_beaten_by_a_third_does_not_explain():
     assert not verdict.holds and "served more than the account predicts" in verdict.sentence
 
 
+def test_an_account_whose_repeats_cross_the_band_edge_says_a_re_run_may_differ():
+    """04's run: efficiency 1.15 with t_http, the band's edge, over repeats that ran 1.02-1.32."""
+    t_http, per_row = 184e-6, 651e-6
+    rate = 1.151 / (t_http + per_row)
+    served = measurement("served per CPU second", "cnn", rate, "requests/s",
+                         (1.02 / (t_http + per_row), 1.32 / (t_http + per_row)), 3, {"clock": "server CPU"})
+    verdict = verdicts.account_explains(served, seconds("t_http", t_http, clock="server CPU"),
+                                        seconds("t(16)", 16 * per_row), 16)
+    assert verdict.word == "does not explain"
+    assert verdict.sentence.endswith("ran 1.02–1.32, across the band's edge at 1.15: a re-run may sort it the other way.")
+    steady = verdicts.account_explains(per_cpu_second(rate), seconds("t_http", t_http, clock="server CPU"),
+                                       seconds("t(16)", 16 * per_row), 16)
+    assert "re-run" not in steady.sentence
+
+
 def test_the_account_is_per_cpu_second():
     with pytest.raises(Incomparable, match="CPU clock"):
         verdicts.account_explains(per_cpu_second(2000), seconds("t_http", 200e-6, clock="server CPU"),
@@ -449,6 +464,8 @@ CASES = {
                                                          text_point("tokens", 16, 150, 140, 0.1)], 0.2)),
     "misses reach": (lambda: verdicts.misses_reach({0.5: 68.6, 0.99: 1916.1}, 52, 150, 750),
                      lambda: verdicts.misses_reach({0.5: 800.0, 0.99: 1916.1}, 52, 150, 750)),
+    "kernels": (lambda: verdicts.kernels_point_the_way("m", 0.86, 0.74),
+                lambda: verdicts.kernels_point_the_way("m", 1.4, 0.74)),
     "choose setting": (lambda: verdicts.choose_setting([sweep_point("greedy", 16, 0, 100, 30, 100)], 0.1, "greedy 16"),
                        lambda: verdicts.choose_setting([sweep_point("timer", 16, 10, 100, 30, 100),
                                                         sweep_point("timer", 16, 20, 100, 30, 100)], 0.1, "greedy 16")),
@@ -886,6 +903,17 @@ def test_a_tie_goes_to_the_throughput_at_the_next_load_then_to_the_default():
     assert "no setting held it" not in alone.sentence   # the highest load swept was held
 
 
+def test_a_tie_is_listed_most_served_first():
+    """Notebook 07's run listed "greedy 16, greedy 4, timer 16 / 10 ms" after printing greedy 4
+    at 147 and the timer at 158 requests/s: only the best was moved to the front."""
+    held = [sweep_point("greedy", 4, 0, 80, 70, 80), sweep_point("greedy", 16, 0, 80, 62, 80),
+            sweep_point("timer", 16, 10, 80, 82, 80)]
+    nxt = [sweep_point("greedy", 4, 0, 160, 435, 147, spread=14), sweep_point("greedy", 16, 0, 160, 155, 163, spread=4),
+           sweep_point("timer", 16, 10, 160, 155, 158, spread=4)]
+    verdict = verdicts.choose_setting(held + nxt, 0.1106, DEFAULT)
+    assert "tied, most served first: greedy 16, timer 16 / 10 ms, greedy 4)." in verdict.sentence
+
+
 def test_a_tie_without_the_default_among_it_is_said_not_broken_by_device_time():
     """The counterexample of the committed run: recommend() broke a tie by least device time
     and named a timer whose p50 was worse at the same p99; the reader's criteria cannot tell
@@ -940,3 +968,16 @@ def test_misses_reach_the_percentiles_their_count_predicts():
     assert not none.holds and "held at none" in none.sentence
     with pytest.raises(ValueError):
         verdicts.misses_reach({0.5: 1.0}, 151, 150, 750)
+
+
+def test_kernels_point_the_way_of_the_gap_in_either_direction():
+    """Appendix 10's run: the small CNN's own kernels were faster (batch 2 at 0.86× with oneDNN
+    off) and its t(1) lay below the line (0.74×): the same direction, which the notebook had
+    called "does not account for the gap"."""
+    faster = verdicts.kernels_point_the_way("small-cnn", 0.86, 0.74)
+    assert faster.holds and "the faster ones" in faster.sentence and "below the line" in faster.sentence
+    slower = verdicts.kernels_point_the_way("m", 1.4, 1.3)
+    assert slower.holds and "the slower ones" in slower.sentence
+    assert verdicts.kernels_point_the_way("m", 1.4, 0.74).word == "points the other way"
+    assert verdicts.kernels_point_the_way("resnet18", 1.09, 0.73).word == "no difference"
+    assert verdicts.kernels_point_the_way("m", 1.4, 1.05).word == "no gap"
