@@ -1425,18 +1425,20 @@ def probe(url: str, path: str, body: bytes, headers: Mapping[str, str], stop: th
 
 def accepted_latency(samples: Sequence[tuple[int | None, float]], model: str, *, clients: int,
                      **conditions) -> Measurement:
-    """The median seconds of :func:`probe`'s accepted (200) requests, spread p1 to p99 of
-    them (a distribution, not repeats); the counts shed and failed in context. Tolerance:
-    within ``within_late`` of ``t(1)`` on an idle simulated device with batching off."""
+    """The median seconds of :func:`probe`'s accepted (200) requests: one measurement (one
+    probe), not a range over repeats; the p1 and p99 of the requests, how many were accepted,
+    and the counts shed and failed in context. Tolerance: within ``within_late`` of ``t(1)`` on
+    an idle simulated device with batching off."""
     import numpy as np
 
     ok = [s for status, s in samples if status == 200]
     if not ok:
         raise ValueError("the probe had no request accepted")
     low, median, high = np.percentile(ok, [1, 50, 99])
-    return measurement("accepted latency", model, float(median), "s", (float(low), float(high)), len(ok),
+    return measurement("accepted latency", model, float(median), "s", (float(median), float(median)), 1,
                        {"clients": clients, "clock": "wall", **conditions},
-                       {"p99_s": round(float(high), 4), "shed": sum(st == 503 for st, _ in samples),
+                       {"accepted": len(ok), "p1_s": round(float(low), 4), "p99_s": round(float(high), 4),
+                        "shed": sum(st == 503 for st, _ in samples),
                         "failed": sum(st not in (200, 503) for st, _ in samples)})
 
 

@@ -82,7 +82,13 @@ def side(ratio: float) -> str:
 def print_points(merged: Sequence[Mapping], cost: queueing.BatchCost, t_http_s: Mapping[int, float]) -> None:
     """The sweep's table: the client's view, the server's, and the model's p99 beside it, with
     measured over predicted where the model put the point below capacity and nothing was shed
-    (a point it put below capacity that shed is a miss, :func:`model_misses`)."""
+    (a point it put below capacity that shed is a miss, :func:`model_misses`). Above the table,
+    the model's capacity at each MAX_BATCH_SIZE swept, the line its "past capacity" means."""
+    sizes = sorted({p["p99"].where["max_batch_size"] for p in merged})
+    caps = {b: queueing.capacity(cost, t_http_s.get(b, t_http_s[max(t_http_s)]), b) for b in sizes}
+    print("the queueing model's capacity, 1 / (t_http + t(b)/b) at b = MAX_BATCH_SIZE from the measured costs: "
+          + ", ".join(f"{cap:.0f} requests/s at {b}" for b, cap in caps.items())
+          + "; 'past capacity' below: the offered load is at or above it")
     print(f"{'setting':<18} {'offered':>7} {'served':>6} {'shed':>5} {'p50':>5} {'p99 (over repeats)':>19} "
           f"{'batch':>6} {'device/req':>10} | {'model p99':>9} {'measured/model':>14}")
     print(f"{'':<18} {'req/s':>7} {'req/s':>6} {'(sum)':>5} {'ms':>5} {'ms':>19} {'rows':>6} {'ms':>10} | {'ms':>9}")
