@@ -100,18 +100,24 @@ def pays(gain: Measurement) -> Verdict:
 
 def follows(served: Measurement, predicted_x: float, predicted_by: str = "the serial limits' ratio") -> Verdict:
     """Whether the served gain follows a predicted gain: the same number within the noise band
-    (``definitions.agree``). Outside it the sentence says it does not, and by how much."""
+    (``definitions.agree``). Outside it the sentence says it does not, and by how much; when the
+    prediction lies inside the served gain's own range over its repeats, that it cannot tell."""
     _gain_name(served)
     off = served.value / predicted_x - 1
     holds = definitions.agree(served.value, predicted_x)
-    word = "follows" if holds else "does not follow"
+    low, high = served.spread
+    inside = not holds and low <= predicted_x <= high
+    word = "follows" if holds else "cannot be told apart from" if inside else "does not follow"
     sentence = (f"The served gain of {served.model} ({served.value:.2f}×) {word} {predicted_by} "
                 f"({predicted_x:.2f}×): off by {off:+.0%}, "
-                + ("within" if holds else "outside") + f" the noise band ({definitions.NOISE_BAND:.0%}).")
+                + ("within" if holds else "outside") + f" the noise band ({definitions.NOISE_BAND:.0%})")
+    sentence += (f", but inside the served gain's own range over its repeats ({low:.2f}–{high:.2f}×)." if inside
+                 else ".")
     return Verdict("the served gain follows the prediction", holds, word, sentence)
 
 
-def account_explains(served: Measurement, t_http: Measurement, call: Measurement, batch_size: int) -> Verdict:
+def account_explains(served: Measurement, t_http: Measurement, call: Measurement, batch_size: int,
+                     efficiency: Measurement | None = None) -> Verdict:
     """Whether the two-part account ``1 / (t_http + t(b)/b)`` explains what one core served.
 
     ``served``: ``instruments.served_per_cpu_second``; ``t_http``: ``instruments.t_http``;
@@ -120,7 +126,9 @@ def account_explains(served: Measurement, t_http: Measurement, call: Measurement
     **and** the account *without* it does not **and** the two accounts differ by more than the
     band (``t_http`` over the band of ``t(b)/b``): an account whose verdict would be the same
     with ``t_http`` set to zero, or that a band's worth of noise could move from one side to
-    the other, tests nothing about ``t_http`` (it then says it cannot tell).
+    the other, tests nothing about ``t_http`` (it then says it cannot tell). When the efficiency's
+    range over the repeats (``efficiency``, ``instruments.efficiency``'s record, else the served
+    rate's range alone) reaches across the band's edge, the sentence says a re-run may differ.
     """
     if t_http.quantity != "t_http" or not t_http.value > 0:
         raise Incomparable(f"the account needs a measured t_http, got {t_http.describe()}")
@@ -157,11 +165,12 @@ def account_explains(served: Measurement, t_http: Measurement, call: Measurement
                      "small beside the model's call for this measurement to test it.")
     else:
         sentence += f"; the core {direction}, beyond the noise band ({definitions.NOISE_BAND:.0%})."
-    low, high = (rate * (t_http.value + per_row) for rate in served.spread)
-    edges = [e for e in (1 / (1 + definitions.NOISE_BAND), 1 + definitions.NOISE_BAND) if low < e < high]
+    low, high = (efficiency.spread if efficiency is not None else
+                 tuple(rate * (t_http.value + per_row) for rate in served.spread))
+    edges = [e for e in (1 / (1 + definitions.NOISE_BAND), 1 + definitions.NOISE_BAND) if low <= e <= high]
     if edges:
-        sentence += (f" Over the repeats the efficiency with t_http ran {low:.2f}–{high:.2f}, across the band's edge "
-                     f"at {edges[0]:.2f}: a re-run may sort it the other way.")
+        sentence += (f" Over the repeats the efficiency with t_http ran {low:.3f}–{high:.3f}, reaching across the "
+                     f"band's edge at {edges[0]:.3f}: a re-run may sort it the other way.")
     return Verdict("the two-part account explains the served rate", explains and tells, word, sentence)
 
 
@@ -255,7 +264,9 @@ def passes_on(served: Measurement, model_gain: Measurement) -> Verdict:
     speedup over its *measured* t(1) (``instruments.speedup_over_t1``), the gain a server that
     added nothing to a request would show, since batching off pays the measured batch-1 call.
 
-    Within the noise band the server passed the gain on. Above it, the server added less time
+    Within the noise band the server passed the gain on; beyond it but not ``definitions.told_apart``
+    over the repeats, it cannot be told apart from passing it on (it holds: nothing contradicts
+    it). Told apart above, the server added less time
     to each request with batching on than off (a served gain above the model's is possible
     only then), so a batch shared the server's per-call work too; both hold. Below it, the
     server's own work per request ate part of the gain: it does not hold. Refused: the per-row
@@ -275,6 +286,11 @@ def passes_on(served: Measurement, model_gain: Measurement) -> Verdict:
     off = served.value / model_gain.value - 1
     if definitions.agree(served.value, model_gain.value):
         word, why = "passed on", f"within the noise band ({definitions.NOISE_BAND:.0%})."
+    elif not definitions.told_apart(served.spread, served.repeats, model_gain.spread, model_gain.repeats):
+        word = "cannot be told apart from passing on"
+        why = (f"beyond the noise band ({definitions.NOISE_BAND:.0%}), but not told apart over the repeats: the "
+               f"served gain ran {served.spread[0]:.2f}–{served.spread[1]:.2f}× over {served.repeats}, the model's "
+               f"{model_gain.spread[0]:.2f}–{model_gain.spread[1]:.2f}× over {model_gain.repeats}.")
     elif off > 0:
         word = "passed on and added to"
         why = (f"beyond the noise band ({definitions.NOISE_BAND:.0%}): with batching on, each request cost the "

@@ -129,7 +129,12 @@ def test_an_account_whose_repeats_cross_the_band_edge_says_a_re_run_may_differ()
     verdict = verdicts.account_explains(served, seconds("t_http", t_http, clock="server CPU"),
                                         seconds("t(16)", 16 * per_row), 16)
     assert verdict.word == "does not explain"
-    assert verdict.sentence.endswith("ran 1.02–1.32, across the band's edge at 1.15: a re-run may sort it the other way.")
+    assert verdict.sentence.endswith("ran 1.020–1.320, reaching across the band's edge at 1.150: a re-run may sort it "
+                                     "the other way.")
+    wide = measurement("efficiency", "cnn", 0.82, "ratio", (0.74, 0.92), 3, {})   # 04: served alone gave 0.77-0.87
+    below = verdicts.account_explains(per_cpu_second(0.82 / (t_http + per_row)), seconds("t_http", t_http, clock="server CPU"),
+                                      seconds("t(16)", 16 * per_row), 16, efficiency=wide)
+    assert "ran 0.740–0.920, reaching across the band's edge at 0.870" in below.sentence
     steady = verdicts.account_explains(per_cpu_second(rate), seconds("t_http", t_http, clock="server CPU"),
                                        seconds("t(16)", 16 * per_row), 16)
     assert "re-run" not in steady.sentence
@@ -230,6 +235,26 @@ def test_on_the_line_reports_either_way():
 
 def over_t1(value: float, model: str = "resnet18", b: int = 16):
     return measurement("speedup over t(1)", model, value, "x", (value, value), 7, {"max_batch_size": b})
+
+
+def test_a_prediction_inside_the_served_gains_range_cannot_be_told_apart():
+    served = measurement("served gain", "cnn", 1.87, "x", (1.41, 2.26), 3, {"max_batch_size": 16})
+    inside = verdicts.follows(served, 1.48)
+    assert not inside.holds and inside.word == "cannot be told apart from"
+    assert inside.sentence.endswith("inside the served gain's own range over its repeats (1.41–2.26×).")
+    assert verdicts.follows(served, 1.2).word == "does not follow"
+
+
+def test_a_served_gain_whose_repeats_overlap_the_models_cannot_be_told_apart():
+    """04's run: a served gain of 1.87x (1.41-2.26 over 3 repeats) against 1.17x in process
+    (1.15-1.61 over 5): 59 % apart, but the ranges overlap. Apart by more than the band, it is
+    told apart and ate part of the gain."""
+    served = measurement("served gain", "cnn", 1.87, "x", (1.41, 2.26), 3, {"max_batch_size": 16})
+    model = measurement("speedup over t(1)", "cnn", 1.17, "x", (1.15, 1.61), 5, {"max_batch_size": 16})
+    verdict = verdicts.passes_on(served, model)
+    assert verdict.holds and verdict.word == "cannot be told apart from passing on"
+    low = measurement("served gain", "cnn", 0.9, "x", (0.85, 0.95), 3, {"max_batch_size": 16})
+    assert verdicts.passes_on(low, model).word == "ate part of"
 
 
 def test_passes_on_within_the_band_and_above_it():
