@@ -17,8 +17,10 @@ file. Recording a quantity of a model:
   three (one time in ten) are too few, and the note says so. A value that is not positive (a
   fixed share whose noisy line crossed zero) has no ratio to the other, so only its range is
   compared;
-* recorded under **different conditions**, the note returned says which conditions differ (t_http at
-  MAX_BATCH_SIZE 1 and 16 are two quantities, and the sentence must say which one it means);
+* recorded by another notebook under **different conditions**, the note returned says which
+  conditions differ (t_http at MAX_BATCH_SIZE 1 and 16 are two quantities, and the sentence must
+  say which one it means); a notebook's own records under other conditions are not cited back
+  to it (its cells compare them);
 * with **no earlier record**, the note says that nothing was compared: a notebook run alone must
   not read as if it had agreed with one that did not run.
 
@@ -86,10 +88,13 @@ class Ledger:
         """What recording ``record`` would say, without recording it: one note per earlier
         record of the same quantity and model, or one saying that nothing was compared. Raises
         :class:`Contradiction` when one under the same conditions disagrees beyond the band."""
-        notes = []
+        notes, own_other = [], 0
         for entry in self.earlier(record):
             before = entry.measurement
             differ = _differences(before.where, record.where)
+            if differ and entry.notebook == notebook:
+                own_other += 1   # this notebook's other point of the quantity: its cells compare them
+                continue
             untold = (f"{record.quantity} of {record.model} cannot be told apart from {entry.notebook}'s: "
                       f"{before.describe()} there; now {record.describe()}. ")
             if differ:
@@ -104,18 +109,25 @@ class Ledger:
                              "their ranges over the repeats overlap: this run's noise is too wide to call it "
                              "agreement or a contradiction.")
             elif (chance := definitions.chance_apart(before.repeats, record.repeats)) > definitions.CHANCE_LEVEL:
-                notes.append(untold + f"Their ranges miss each other, but {before.repeats} repeats against "
-                             f"{record.repeats} of one and the same measurement fall apart like that "
-                             f"{chance:.0%} of the time by chance alone, more than the "
-                             f"{definitions.CHANCE_LEVEL:.0%} a contradiction needs: too few repeats to tell.")
+                notes.append(f"{record.quantity} of {record.model} differs from {entry.notebook}'s by "
+                             f"{max(before.value, record.value) / min(before.value, record.value) - 1:.0%} and their "
+                             f"ranges over the repeats miss each other: {before.describe()} there; now "
+                             f"{record.describe()}. But {before.repeats} repeats against {record.repeats} of one and "
+                             f"the same measurement fall apart like that {chance:.0%} of the time by chance alone, "
+                             f"more than the {definitions.CHANCE_LEVEL:.0%} a contradiction needs: too few repeats "
+                             "to call it one.")
             else:
                 raise Contradiction(
                     f"{notebook} contradicts {entry.notebook}: {record.quantity} of {record.model} under the "
                     f"same conditions is {record.describe()} here against {before.describe()} there, more "
                     f"than the noise band ({self.band:.0%}) apart, and their ranges over {before.repeats} and "
                     f"{record.repeats} repeats miss each other (by chance alone {chance:.2%} of the time)")
-        return notes or [f"no earlier record of {record.quantity} of {record.model} in this run's ledger: "
-                         "nothing compared."]
+        if notes:
+            return notes
+        if own_other:
+            return [f"no other notebook's record of {record.quantity} of {record.model} in this run's ledger: "
+                    f"nothing compared ({notebook}'s own, under other conditions, are its cells' to compare)."]
+        return [f"no earlier record of {record.quantity} of {record.model} in this run's ledger: nothing compared."]
 
     def record(self, record: Measurement, notebook: str) -> list[str]:
         """Check ``record`` against the ledger (:meth:`check`), then append it; the notes."""

@@ -86,8 +86,9 @@ def print_points(merged: Sequence[Mapping], cost: queueing.BatchCost, t_http_s: 
     the model's capacity at each MAX_BATCH_SIZE swept, the line its "past capacity" means."""
     sizes = sorted({p["p99"].where["max_batch_size"] for p in merged})
     caps = {b: queueing.capacity(cost, t_http_s.get(b, t_http_s[max(t_http_s)]), b) for b in sizes}
-    print("the queueing model's capacity, 1 / (t_http + t(b)/b) at b = MAX_BATCH_SIZE from the measured costs: "
-          + ", ".join(f"{cap:.0f} requests/s at {b}" for b, cap in caps.items())
+    print("the queueing model's capacity, 1 / (t_http + t(b)/b) at b = MAX_BATCH_SIZE, with the t(b) it is fed "
+          "(the measured t(1); from b = 2 the line through 2, 4, 8): "
+          + ", ".join(f"{cap:.0f} requests/s at {b} (t({b}) = {cost(b) * 1e3:.1f} ms)" for b, cap in caps.items())
           + "; 'past capacity' below: the offered load is at or above it")
     print(f"{'setting':<18} {'offered':>7} {'served':>6} {'shed':>5} {'p50':>5} {'p99 (over repeats)':>19} "
           f"{'batch':>6} {'device/req':>10} | {'model p99':>9} {'measured/model':>14}")

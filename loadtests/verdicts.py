@@ -143,7 +143,12 @@ def account_explains(served: Measurement, t_http: Measurement, call: Measurement
     explains = definitions.agree(with_http, 1.0)
     resolvable = not definitions.agree(with_http, without_http)   # t_http over the band of t(b)/b
     tells = resolvable and not definitions.agree(without_http, 1.0)
-    if explains and tells:
+    low, high = (efficiency.spread if efficiency is not None else
+                 tuple(rate * (t_http.value + per_row) for rate in served.spread))
+    edges = [e for e in (1 / (1 + definitions.NOISE_BAND), 1 + definitions.NOISE_BAND) if low <= e <= high]
+    if edges and (tells or not explains):   # its repeats lie on both sides of the band's edge
+        word = "cannot tell, over its repeats, whether it explains"
+    elif explains and tells:
         word = "explains"
     elif explains:
         word = "cannot tell whether t_http counts in"
@@ -160,17 +165,14 @@ def account_explains(served: Measurement, t_http: Measurement, call: Measurement
         sentence += (f"; t_http is {t_http.value / per_row:.0%} of t({batch_size})/{batch_size}, so the two accounts "
                      f"differ by less than the noise band ({definitions.NOISE_BAND:.0%}): t_http is too small beside "
                      "the model's call for this measurement to test it.")
-    elif explains:
+    elif explains and not edges:
         sentence += (f"; both are within the noise band ({definitions.NOISE_BAND:.0%}) of 1, so t_http is too "
                      "small beside the model's call for this measurement to test it.")
-    else:
+    elif not edges:
         sentence += f"; the core {direction}, beyond the noise band ({definitions.NOISE_BAND:.0%})."
-    low, high = (efficiency.spread if efficiency is not None else
-                 tuple(rate * (t_http.value + per_row) for rate in served.spread))
-    edges = [e for e in (1 / (1 + definitions.NOISE_BAND), 1 + definitions.NOISE_BAND) if low <= e <= high]
-    if edges:
-        sentence += (f" Over the repeats the efficiency with t_http ran {low:.3f}–{high:.3f}, reaching across the "
-                     f"band's edge at {edges[0]:.3f}: a re-run may sort it the other way.")
+    else:
+        sentence += (f"; over the repeats the efficiency with t_http ran {low:.3f}–{high:.3f}, reaching across the "
+                     f"band's edge at {edges[0]:.3f}: a re-run may sort it either way.")
     return Verdict("the two-part account explains the served rate", explains and tells, word, sentence)
 
 
@@ -825,12 +827,15 @@ def shedding_costs(capacity: Measurement, drain: Measurement, batch_saturated: M
 def capacity_bound_too_short(wait: Measurement, capacity: Measurement, max_queue_size: int,
                              max_batch_size: int) -> Verdict:
     """Whether the queue bound predicted from the capacity (before the overload),
-    ``(Q + B) / capacity``, fell short of the median accepted wait under overload."""
+    ``(Q + B) / capacity``, fell short of the median accepted wait under overload by more than
+    the noise band; within the band the two cannot be told apart."""
     if capacity.quantity != "capacity" or wait.quantity != "accepted latency":
         raise Incomparable("need a capacity and an accepted latency")
     predicted = definitions.full_queue_wait_s(max_queue_size, max_batch_size, capacity.value)
-    holds = wait.value > predicted
-    word = "was too short" if holds else "was not too short"
+    holds = wait.value > predicted and not definitions.agree(wait.value, predicted)
+    word = ("was too short" if holds else
+            "cannot be told apart from the median, within the noise band" if definitions.agree(wait.value, predicted)
+            else "was not too short")
     return Verdict("the bound from the capacity is too short", holds, word,
                    f"The upper bound predicted from the capacity, ({max_queue_size} + {max_batch_size}) / "
                    f"{capacity.value:.0f} per second = {predicted * 1e3:.0f} ms, {word}: the median took "
@@ -1026,6 +1031,9 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
        overlap it or miss it narrowly over too few repeats) stays tied with it.
     4. A tie goes to ``default`` when it is among them; otherwise the data cannot choose, and
        the verdict fails and names them. Device time, p50 and the like never enter.
+
+    A setting that missed the budget at that load by less than the noise band (and shed
+    nothing) is named after the verdict: a re-run may let it in.
     """
     by_setting: dict[str, dict[float, Mapping[str, Any]]] = {}
     for point in points:
@@ -1052,9 +1060,13 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
     candidates = [label for label, load in held.items() if load == top]
     loads = sorted({load for at in by_setting.values() for load in at})
     above = [load for load in loads if load > top]
-    evidence = (f"held {budget} up to {top:g} requests/s: {', '.join(candidates)}; their highest repeat's p99 "
+    evidence = (f"held {budget} up to {top:g} requests/s: {', '.join(candidates)}; "
+                f"{'their' if len(candidates) > 1 else 'its'} highest repeat's p99 "
                 f"there: " + ", ".join(f"{label} {by_setting[label][top]['p99'].spread[1] * 1e3:.0f} ms"
                                        for label in candidates))
+    near = {label: at[top]["p99"].spread[1] for label, at in by_setting.items()
+            if label not in candidates and top in at and at[top]["shed"] == 0
+            and definitions.agree(at[top]["p99"].spread[1], budget_s)}   # missed it by less than the band
     tied, ranked = candidates, False
     if len(candidates) > 1 and above:
         nxt = above[0]
@@ -1069,15 +1081,22 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
                                      f"{rates[label].spread[1]:.0f})" for label in rates))
     if above:
         evidence += f"; no setting held it at {_and(f'{load:g}' for load in above)} requests/s"
+    caveat = (f" {_and(near)} missed the budget at {top:g} requests/s by less than the noise band "
+              f"({definitions.NOISE_BAND:.0%}; highest repeat's p99 "
+              + ", ".join(f"{label} {p99 * 1e3:.0f} ms" for label, p99 in near.items())
+              + "): a re-run may let " + ("them" if len(near) > 1 else "it") + " in"
+              + (", and the default with it." if default in near else ".") if near else "")
     if len(tied) == 1:
-        return Verdict("the data choose one setting", True, "run", f"For {budget}, run: {tied[0]} ({evidence}).")
+        return Verdict("the data choose one setting", True, "run",
+                       f"For {budget}, run: {tied[0]} ({evidence}).{caveat}")
     cannot = f"For {budget} this sweep cannot choose between {_and(tied)}"
     if default not in tied:
-        return Verdict("the data choose one setting", False, "cannot choose between", f"{cannot} ({evidence}).")
+        return Verdict("the data choose one setting", False, "cannot choose between",
+                       f"{cannot} ({evidence}).{caveat}")
     order = "most served first" if ranked else "no load above to rank them"
     return Verdict("the data choose one setting", True, "run the default",
                    f"{cannot}; the default breaks the tie, so run the default: {default} ({evidence}; "
-                   f"tied, {order}: {', '.join(tied)}).")
+                   f"tied, {order}: {', '.join(tied)}).{caveat}")
 
 
 def faulting_slows(faulted: Sequence[tuple[int, float, float]]) -> Verdict:

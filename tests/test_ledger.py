@@ -57,7 +57,7 @@ def test_ranges_apart_over_too_few_repeats_cannot_be_told_apart(run, before, now
     that more often than ``CHANCE_LEVEL``, so the note says so and nothing fails."""
     run.record(t_http(91, repeats=before), "04")
     (note,) = run.record(t_http(131, repeats=now), "07")
-    assert "cannot be told apart from 04's" in note and "agrees" not in note
+    assert "differs from 04's by 44%" in note and "too few repeats to call it one" in note and "agrees" not in note
     assert f"{before} repeats against {now}" in note and f"{chance} of the time" in note
     assert len(run.entries()) == 2
 
@@ -99,8 +99,16 @@ def test_a_value_that_is_not_positive_is_judged_by_its_range(run):
 
 def test_other_conditions_are_named(run):
     run.record(t_http(91, max_batch_size=16), "04")
-    (note,) = run.record(t_http(254, max_batch_size=1), "04")
+    (note,) = run.record(t_http(254, max_batch_size=1), "07")
     assert "other conditions" in note and "max_batch_size: 16 there, 1 here" in note
+
+
+def test_a_notebooks_own_other_points_are_not_cited_back_to_it(run):
+    """Notebook 06 compares its saturated and overloaded batch times in a verdict; the ledger
+    does not then tell it that it measured the same quantity under other conditions."""
+    run.record(t_http(91, max_batch_size=16), "06")
+    (note,) = run.record(t_http(254, max_batch_size=1), "06")
+    assert note.startswith("no other notebook's record of t_http of noop") and "06's own" in note
 
 
 def test_other_models_and_quantities_do_not_meet(run):
