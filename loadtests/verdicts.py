@@ -988,13 +988,15 @@ def beats_serial(served: Measurement, t_http: Measurement, call_s: float, batch_
 
 
 def compared(a: Measurement, b: Measurement, a_is: str, b_is: str) -> Verdict:
-    """Two records of one quantity, ``a`` against ``b``: more, fewer, or within the noise band
-    (then it holds: the two cannot be told apart). Conditions may differ (the comparison is
-    about them); the sentence names each side by ``a_is`` and ``b_is``."""
+    """Two records of one quantity, ``a`` against ``b``: more, fewer, or not told apart (within
+    the noise band, or :func:`_told_apart` fails over their repeats; then it holds: the two
+    cannot be told apart). Conditions may differ (the comparison is about them); the sentence
+    names each side by ``a_is`` and ``b_is``."""
     if a.quantity != b.quantity:
         raise Incomparable(f"{a.quantity} against {b.quantity}")
-    same = definitions.agree(a.value, b.value)
-    word = "within the noise band of" if same else "more than" if a.value > b.value else "less than"
+    same = not _told_apart(a, b)
+    word = ("within the noise band of" if definitions.agree(a.value, b.value) else
+            "not told apart, over the repeats, from" if same else "more than" if a.value > b.value else "less than")
     return Verdict("the two cannot be told apart", same, word,
                    f"{a.quantity} {a_is}: {_value(a)}, {word} {b_is}: {_value(b)} "
                    f"({a.value / b.value:.2f}×; noise band {definitions.NOISE_BAND:.0%}).")

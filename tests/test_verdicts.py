@@ -1024,3 +1024,15 @@ def test_kernels_point_the_way_of_the_gap_in_either_direction():
     assert verdicts.kernels_point_the_way("m", 1.4, 0.74).word == "points the other way"
     assert verdicts.kernels_point_the_way("resnet18", 1.09, 0.73).word == "no difference"
     assert verdicts.kernels_point_the_way("m", 1.4, 1.05).word == "no gap"
+
+
+def test_compared_does_not_rank_two_records_whose_repeats_are_not_told_apart():
+    """08's run: t_http 260 µs (247-268) against 204 µs (182-247), three repeats each: 1.27x,
+    but the ranges touch."""
+    slow = measurement("t_http", "sim", 260e-6, "s", (247e-6, 268e-6), 3, {"clock": "cpu"})
+    fast = measurement("t_http", "sim", 204e-6, "s", (182e-6, 247e-6), 3, {"clock": "cpu"})
+    verdict = verdicts.compared(slow, fast, "at x1", "at /20")
+    assert verdict.holds and verdict.word == "not told apart, over the repeats, from"
+    apart = verdicts.compared(slow, measurement("t_http", "sim", 150e-6, "s", (140e-6, 160e-6), 3, {"clock": "cpu"}),
+                              "at x1", "at /20")
+    assert not apart.holds and apart.word == "more than"
