@@ -111,7 +111,9 @@ class Measurement:
         """One line, e.g. ``t_http of noop: 131 µs (120–140 µs over 3 repeats; clock=...)``."""
         low, high = self.spread
         text = f"{self.quantity} of {self.model}: {_show(self.value, self.unit)}"
-        if self.repeats > 1:
+        if self.repeats > 1 and low < 0:   # "-88–59%" would read as a subtraction
+            text += f" (from {_show(low, self.unit)} to {_show(high, self.unit)} over {self.repeats} repeats"
+        elif self.repeats > 1:
             text += (f" ({_show(low, self.unit, False, scale_of=high)}–{_show(high, self.unit)} "
                      f"over {self.repeats} repeats")
         else:

@@ -16,7 +16,7 @@ file. Recording a quantity of a model:
   fall apart like that by chance) is at most ``definitions.CHANCE_LEVEL``; three repeats against
   three (one time in ten) are too few, and the note says so. A value that is not positive (a
   fixed share whose noisy line crossed zero) has no ratio to the other, so only its range is
-  compared;
+  compared; and a range that reaches across zero pins nothing down, so it is not compared at all;
 * recorded by another notebook under **different conditions**, the note returned says which
   conditions differ (t_http at MAX_BATCH_SIZE 1 and 16 are two quantities, and the sentence must
   say which one it means); a notebook's own records under other conditions are not cited back
@@ -101,6 +101,11 @@ class Ledger:
                 notes.append(f"{record.quantity} of {record.model} was also measured in {entry.notebook}, under "
                              f"other conditions ({'; '.join(differ)}), so the two are not compared: "
                              f"{before.describe()}.")
+            elif any(r.spread[0] <= 0 < r.spread[1] for r in (before, record)):   # a range across zero
+                notes.append(f"{record.quantity} of {record.model} is not compared with {entry.notebook}'s: "
+                             f"{before.describe()} there; now {record.describe()}. A range that reaches zero or "
+                             "below (a pass whose line crossed zero) pins the quantity down to no number the "
+                             "other could agree or disagree with.")
             elif before.value > 0 and record.value > 0 and definitions.agree(before.value, record.value, self.band):
                 notes.append(f"{record.quantity} of {record.model} agrees with {entry.notebook} within the "
                              f"noise band ({self.band:.0%}): {before.describe()}; now {record.describe()}.")

@@ -1122,9 +1122,10 @@ def faulting_slows(faulted: Sequence[tuple[int, float, float]]) -> Verdict:
     for b, rate, fixed in sorted(faulted):
         by_size.setdefault((b, fixed), []).append(f"{rate:.0f}")
     runs = "; ".join(f"batch {b}: {_and(rates)} against {fixed:.0f} rows/s" for (b, fixed), rates in by_size.items())
-    sentence = (f"Where glibc as it is faulted, calls ran {word} the same batch size with the thresholds fixed: "
-                f"a median of {middle:.2f}× the rows/s ({len(faulted)} run{'s' * (len(faulted) > 1)}; {runs}; "
-                f"noise band {definitions.NOISE_BAND:.0%})")
+    slower = sum(rate < fixed for _, rate, fixed in faulted)
+    sentence = (f"Where glibc as it is faulted, calls ran {word} the same batch size with the thresholds fixed, "
+                f"at the median of the runs: {middle:.2f}× the rows/s ({slower} of {len(faulted)} "
+                f"run{'s' * (len(faulted) > 1)} slower; {runs}; noise band {definitions.NOISE_BAND:.0%})")
     sentence += ("; more processes (`PROCESSES_PER_CASE`) may tell them apart." if word.startswith("as fast")
                  else ".")
     return Verdict("faulting calls run slower", word != "faster than", word, sentence)
@@ -1144,9 +1145,11 @@ def misses_reach(percentiles_ms: Mapping[float, float], slow: int, requests: int
     if not 0 <= slow <= requests or requests < 1:
         raise ValueError(f"need 0 <= slow <= requests, got {slow} of {requests}")
     share = slow / requests
-    held, missed, close = [], [], []
+    held, missed, close, slow_ones = [], [], [], []
     for q, value_ms in sorted(percentiles_ms.items()):
         name = f"p{round(q * 100)}"
+        if value_ms >= load_ms:
+            slow_ones.append(name)
         if abs(share - (1 - q)) * requests < margin:
             close.append(name)
         elif (share > 1 - q) == (value_ms >= load_ms):
@@ -1159,6 +1162,9 @@ def misses_reach(percentiles_ms: Mapping[float, float], slow: int, requests: int
                 f"The prediction held at {_and(held) if held else 'none'}")
     sentence += f" and missed at {_and(missed)}" if missed else ""
     sentence += (f"; {_and(close)} lay within {margin} requests of the edge, too close to call." if close else ".")
+    fast_ones = [f"p{round(q * 100)}" for q in sorted(percentiles_ms) if f"p{round(q * 100)}" not in slow_ones]
+    sentence += (f" Measured: {_and(slow_ones) if slow_ones else 'no percentile'} included a load"
+                 + (f", {_and(fast_ones)} did not." if fast_ones else "."))
     return Verdict("the slow requests reach the percentiles their count predicts", holds,
                    "held" if holds else "missed", sentence)
 
@@ -1175,8 +1181,9 @@ def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float) -> V
     if definitions.agree(off_line, 1.0):
         holds, word, why = False, "no gap", "t(1) lay on the line, so there is no gap for the kernels to explain"
     elif definitions.agree(kernel_ratio, 1.0):
-        holds, word, why = False, "no difference", ("the change of kernel made no difference beyond the noise band, "
-                                                    "so it does not account for the gap")
+        holds, word, why = False, "within the noise band", (
+            "the change of kernel moved batch 2's time only within the noise band, so this run cannot tell it from no "
+            "effect, and it does not account for the gap")
     elif (kernel_ratio > 1) == (off_line > 1):
         kind = "slower" if kernel_ratio > 1 else "faster"
         side = "above" if off_line > 1 else "below"

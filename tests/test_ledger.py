@@ -92,7 +92,9 @@ def test_a_value_that_is_not_positive_is_judged_by_its_range(run):
                                                  {"clock": "wall", "threads": 1})
     run.record(share(0.45, 0.42, 0.51), "01")
     (note,) = run.record(share(-1.17, -2.5, 0.44), "10")
-    assert "cannot be told apart from 01's" in note
+    assert "is not compared with 01's" in note and "reaches zero or below" in note
+    notes = run.record(share(0.41, -2.01, 0.66), "04")   # 10's run: 41 % over a range across zero
+    assert "is not compared with 01's" in notes[0] and not any("agrees" in note for note in notes)
     with pytest.raises(ledger.Contradiction, match="07 contradicts 01"):
         run.record(share(-1.17, -1.3, -1.0), "07")
 

@@ -984,11 +984,13 @@ def test_faulting_slows_compares_each_batch_size_with_itself():
     "batch 16 ran slower relative to 8", failed although every call of it paid for its pages."""
     both = verdicts.faulting_slows([(8, 2435.0, 3590.0), (16, 2530.0, 3700.0)])
     assert both.holds and both.word == "slower than"
-    assert ("calls ran slower than the same batch size with the thresholds fixed: a median of 0.68× the rows/s "
-            "(2 runs; batch 8: 2435 against 3590 rows/s; batch 16: 2530 against 3700 rows/s; noise band 15%)."
-            in both.sentence)
+    assert ("calls ran slower than the same batch size with the thresholds fixed, at the median of the runs: "
+            "0.68× the rows/s (2 of 2 runs slower; batch 8: 2435 against 3590 rows/s; batch 16: 2530 against 3700 "
+            "rows/s; noise band 15%)." in both.sentence)
     faster = verdicts.faulting_slows([(16, 4500.0, 3700.0)])
-    assert not faster and faster.word == "faster than" and "(1 run;" in faster.sentence
+    assert not faster and faster.word == "faster than" and "(0 of 1 run slower;" in faster.sentence
+    one_faster = verdicts.faulting_slows([(16, 1084.0, 1428.0), (16, 1473.0, 1428.0), (8, 1101.0, 1428.0)])
+    assert one_faster.holds and "(2 of 3 runs slower;" in one_faster.sentence   # 10's run: one ran faster
     near = verdicts.faulting_slows([(16, 3400.0, 3700.0), (8, 3500.0, 3590.0), (16, 2000.0, 3700.0)])
     assert near.holds and near.word == "as fast, within the noise band, as"   # median 0.92: not told apart
     assert "batch 16: 2000 and 3400 against 3700 rows/s" in near.sentence and "more processes" in near.sentence
@@ -1001,6 +1003,7 @@ def test_misses_reach_the_percentiles_their_count_predicts():
     one and p50 does not; a p50 as slow as a load (a warm request that slow, uncounted) fails."""
     held = verdicts.misses_reach({0.5: 68.6, 0.9: 1252.8, 0.99: 1916.1}, 52, 150, 750)
     assert held.holds and "held at p50, p90 and p99." in held.sentence
+    assert held.sentence.endswith("Measured: p90 and p99 included a load, p50 did not.")
     wrong = verdicts.misses_reach({0.5: 800.0, 0.9: 1252.8, 0.99: 1916.1}, 52, 150, 750)
     assert not wrong.holds and "missed at p50" in wrong.sentence
     short = verdicts.misses_reach({0.5: 68.6, 0.9: 700.0}, 52, 150, 750)   # a miss faster than a load
@@ -1022,7 +1025,7 @@ def test_kernels_point_the_way_of_the_gap_in_either_direction():
     slower = verdicts.kernels_point_the_way("m", 1.4, 1.3)
     assert slower.holds and "the slower ones" in slower.sentence
     assert verdicts.kernels_point_the_way("m", 1.4, 0.74).word == "points the other way"
-    assert verdicts.kernels_point_the_way("resnet18", 1.09, 0.73).word == "no difference"
+    assert verdicts.kernels_point_the_way("resnet18", 1.09, 0.73).word == "within the noise band"
     assert verdicts.kernels_point_the_way("m", 1.4, 1.05).word == "no gap"
 
 
