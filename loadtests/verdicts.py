@@ -201,8 +201,10 @@ def indistinguishable(a: Measurement, b: Measurement, setting: str = "policy") -
     holds = not _told_apart(a, b)
     word = "indistinguishable" if holds else "told apart"
     load = _load_phrase(a, "at one load")
+    names = ((a.model, b.model) if a.model != b.model else
+             (f"{a.model} under {setting_label(a)}", f"under {setting_label(b)}"))
     return Verdict("the settings are indistinguishable", holds, word,
-                   f"{a.model} and {b.model} are {word} {load}: p99 {a.value * 1e3:.0f} ms "
+                   f"{names[0]} and {names[1]} are {word} {load}: p99 {a.value * 1e3:.0f} ms "
                    f"({a.spread[0] * 1e3:.0f}–{a.spread[1] * 1e3:.0f} over {_repeats(a)}) against "
                    f"{b.value * 1e3:.0f} ms ({b.spread[0] * 1e3:.0f}–{b.spread[1] * 1e3:.0f} over {_repeats(b)}); "
                    + _TOLD_APART_RULE)

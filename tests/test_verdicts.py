@@ -1039,3 +1039,9 @@ def test_compared_does_not_rank_two_records_whose_repeats_are_not_told_apart():
     apart = verdicts.compared(slow, measurement("t_http", "sim", 150e-6, "s", (140e-6, 160e-6), 3, {"clock": "cpu"}),
                               "at x1", "at /20")
     assert not apart.holds and apart.word == "more than"
+
+
+def test_two_settings_of_one_model_are_named_by_their_settings():
+    """07's run printed "resnet18 and resnet18 are indistinguishable": one model, two settings."""
+    verdict = verdicts.indistinguishable(p99("resnet18", 120, 130, 38, "timer", 50), p99("resnet18", 72, 150, 38))
+    assert verdict.sentence.startswith("resnet18 under timer 16 / 50 ms and under greedy 16 are indistinguishable")
