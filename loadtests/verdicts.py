@@ -231,20 +231,25 @@ _TOLD_APART_RULE = (f"told apart only when the values differ by more than the no
 def wait_saved(greedy: Measurement, waiting: Measurement) -> Verdict:
     """What a MAX_WAIT saved of greedy's device time per request at the *same* offered load
     (``definitions.device_time_saved``): refused at different loads, since batches grow
-    with the load whatever the setting. It holds when the saving exceeds the noise band."""
+    with the load whatever the setting. It holds when the saving exceeds the noise band, and
+    when the two lie within the band of each other (a short run cannot tell the saving from
+    noise, and says so); it fails only when the wait cost device time beyond the band."""
     if greedy.quantity != "device time per request":
         raise Incomparable(f"the wait's saving is in device time per request, got {greedy.quantity!r}")
     comparable(greedy, waiting, ignore=("policy", "max_wait_ms"))
     saved = definitions.device_time_saved(greedy.value, waiting.value)
-    holds = saved > definitions.NOISE_BAND
-    word = "saved" if holds else "saved no more than the noise band of"
+    within = definitions.agree(greedy.value, waiting.value)
+    holds = saved > 0 or within
+    word = ("saved no more than the noise band of" if within else "saved" if saved > 0 else
+            "cost more, beyond the noise band,")
     load = (f"{_load(greedy)} requests/s" if "offered_rps" in greedy.where
             else greedy.where.get("load", "the same load"))
     return Verdict("the wait saved device time", holds, word,
                    f"At {load}, the wait {word} device time per request: "
                    f"{waiting.value * 1e3:.2f} ms against {greedy.value * 1e3:.2f} ms without the wait "
                    f"({abs(saved):.0%} {'less' if saved >= 0 else 'more'}"
-                   f"{'' if holds else f', noise band {definitions.NOISE_BAND:.0%}'}).")
+                   f"{'' if word == 'saved' else f', noise band {definitions.NOISE_BAND:.0%}'})"
+                   + ("; this run cannot tell the saving from noise." if within else "."))
 
 
 def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement) -> Verdict:

@@ -215,7 +215,11 @@ def test_the_wait_saved_at_one_load():
     verdict = verdicts.wait_saved(greedy, timer)
     assert verdict.holds and verdict.word == "saved"
     little = seconds("device time per request", 12.0e-3, "resnet18", "wall", offered_rps=34, policy="timer")
-    assert not verdicts.wait_saved(greedy, little).holds
+    untold = verdicts.wait_saved(greedy, little)   # CI's quick run of 07: 11.40 against 12.83 ms
+    assert untold.holds and untold.word == "saved no more than the noise band of"
+    assert untold.sentence.endswith("this run cannot tell the saving from noise.")
+    more = seconds("device time per request", 16.0e-3, "resnet18", "wall", offered_rps=34, policy="timer")
+    assert not verdicts.wait_saved(greedy, more).holds
 
 
 # -- batch 1 and the line: reported, not asserted ---------------------------------------------------
@@ -479,7 +483,7 @@ CASES = {
         seconds("device time per request", 8.1e-3, "m", "wall", offered_rps=34)),
         lambda: verdicts.wait_saved(
         seconds("device time per request", 12.9e-3, "m", "wall", offered_rps=34),
-        seconds("device time per request", 12.5e-3, "m", "wall", offered_rps=34))),
+        seconds("device time per request", 16.5e-3, "m", "wall", offered_rps=34))),
     "padded tokens": (lambda: verdicts.grows_with_padded_tokens(call(40, 4, 256), call(38, 16, 64), call(150, 16, 256)),
                       lambda: verdicts.grows_with_padded_tokens(call(10, 4, 256), call(40, 16, 64), call(42, 16, 256))),
     "pads less": (lambda: verdicts.pads_less(efficiency("tokens", 0.6, 0.7), efficiency("rows", 0.3, 0.4)),
