@@ -152,8 +152,8 @@ def print_wait_table(points: Mapping[float, list], max_batch_size: int) -> None:
                   f"{p['device time per request'].value * 1e3:>10.2f} {p['busy fraction'].value:>5.0%} "
                   f"{p['p50'].value * 1e3:>5.0f} {p['p99'].value * 1e3:>5.0f} {seen['requests']:>5}")
     if any(p["busy fraction"].value > 1 for line in points.values() for p in line):
-        print("busy over 100%: a saturated device. The share is the device time of the calls the window counted "
-              "over its length, and a call that straddles the window's edge counts whole.")
+        print("A busy share above 100% means a saturated device: the share is the device time of the calls the "
+              "window counted over its length, and a call that straddles the window's edge counts whole.")
 
 
 def plot_waits(points: Mapping[float, list], shares: Sequence[float], title: str) -> None:

@@ -305,6 +305,16 @@ def cost_line(times: CallTimes) -> tuple[Measurement, Measurement]:
             measurement("c", times.model, per_row, "s", per_row_spread, len(times.rounds), where))
 
 
+def out_of_order(times: CallTimes) -> list[tuple[int, int]]:
+    """Each pair of neighbouring timed sizes ``(b, b')``, ``b < b'``, whose median call of more
+    rows took *less* time: ``t(b) > t(b')``. No model's call costs less for more rows, so such a
+    pair is a disturbed median (another process had the core during passes), and a cost line
+    through it is bent: F, c and the fixed share carry the disturbance. Notebooks print it
+    beside the line. Tolerance: exact (a comparison of the medians timed)."""
+    pairs = zip(zip(times.batch_sizes, times.medians), zip(times.batch_sizes[1:], times.medians[1:]))
+    return [(b, b_next) for (b, t), (b_next, t_next) in pairs if t > t_next]
+
+
 def fixed_share(times: CallTimes) -> Measurement:
     """``F / (F + c)`` of :func:`cost_line`. Tolerance: 0.05 absolute on the simulated device."""
     value, spread = _per_round(times, lambda s: definitions.fixed_share(*_line(times, s)))

@@ -72,6 +72,18 @@ class BatchCost:
             return self.t1
         return self.a + self.c * b
 
+    def per_request(self, mean_batch: float) -> float:
+        """Seconds of calls a request costs when the calls held ``mean_batch`` rows on average,
+        taken to be of the two whole sizes around it (1.43 rows: 57 % ones and 43 % twos), the
+        narrowest mix with that mean: a lightly loaded greedy server's calls are mostly ones.
+        Why not ``t(mean_batch) / mean_batch``: with the measured t(1) off the line, a mix of
+        ones and twos costs what its calls cost, not what a call of 1.43 rows on the line would."""
+        if mean_batch < 1:
+            raise ValueError(f"a call holds at least one row, got a mean of {mean_batch!r}")
+        low = math.floor(mean_batch)
+        larger = mean_batch - low          # the share of calls one row larger
+        return ((1 - larger) * self(low) + larger * self(low + 1)) / mean_batch
+
     def offline_ceiling(self, b: float) -> float:
         """Rows/s the model alone serves at batch ``b`` (no HTTP): ``b / t(b)``."""
         return b / self(b)

@@ -195,11 +195,13 @@ def indistinguishable(a: Measurement, b: Measurement, setting: str = "policy") -
     """Whether two settings' p99s (records with a spread over repeats) cannot be ranked: they
     are not ``definitions.told_apart`` (ranges that miss each other by more than the noise band,
     or over enough repeats), or their values agree within the band (two ranges a millisecond
-    apart rank nothing). Refused unless measured under the same conditions but ``setting`` (and
-    MAX_WAIT and MAX_BATCH_SIZE, the settings being compared): the same offered load above all."""
+    apart rank nothing). The sentence says which it was: "not told apart" is what the repeats
+    show, not a claim that the two are the same. Refused unless measured under the same
+    conditions but ``setting`` (and MAX_WAIT and MAX_BATCH_SIZE, the settings being compared):
+    the same offered load above all."""
     comparable(a, b, ignore=(setting, "max_wait_ms", "max_batch_size"))
     holds = not _told_apart(a, b)
-    word = "indistinguishable" if holds else "told apart"
+    word = "not told apart" if holds else "told apart"
     load = _load_phrase(a, "at one load")
     names = ((a.model, b.model) if a.model != b.model else
              (f"{a.model} under {setting_label(a)}", f"under {setting_label(b)}"))
@@ -207,7 +209,7 @@ def indistinguishable(a: Measurement, b: Measurement, setting: str = "policy") -
                    f"{names[0]} and {names[1]} are {word} {load}: p99 {a.value * 1e3:.0f} ms "
                    f"({a.spread[0] * 1e3:.0f}–{a.spread[1] * 1e3:.0f} over {_repeats(a)}) against "
                    f"{b.value * 1e3:.0f} ms ({b.spread[0] * 1e3:.0f}–{b.spread[1] * 1e3:.0f} over {_repeats(b)}); "
-                   + _TOLD_APART_RULE)
+                   + (f"{_why_not_apart(a, b)}; " if holds else "") + _TOLD_APART_RULE)
 
 
 def _repeats(record: Measurement) -> str:
@@ -219,6 +221,22 @@ def _told_apart(a: Measurement, b: Measurement) -> bool:
     ``definitions.told_apart`` over their repeats. Every verdict that ranks settings asks this."""
     return not definitions.agree(a.value, b.value) and definitions.told_apart(a.spread, a.repeats,
                                                                               b.spread, b.repeats)
+
+
+def _why_not_apart(a: Measurement, b: Measurement) -> str:
+    """Why :func:`_told_apart` does not rank ``a`` and ``b``, in the rule's own terms: their
+    values within the band, their ranges overlapping, or a gap inside the band over too few
+    repeats (with the chance that repeats of one measurement part so)."""
+    if definitions.agree(a.value, b.value):
+        return f"their values lie within the noise band ({definitions.NOISE_BAND:.0%}) of each other"
+    lower, upper = sorted((a.spread, b.spread))
+    if definitions.indistinguishable(a.spread, b.spread):
+        return "their ranges over the repeats overlap"
+    gap = upper[0] / lower[1] - 1.0
+    chance = definitions.chance_apart(a.repeats, b.repeats)
+    return (f"their ranges miss each other by {gap:.0%}, inside the noise band "
+            f"({definitions.NOISE_BAND:.0%}), and {a.repeats} repeats against {b.repeats} part so by chance "
+            f"alone {chance:.1%} of the time, above {definitions.CHANCE_LEVEL:.0%}")
 
 
 #: How every verdict that ranks two settings says what :func:`_told_apart` asks.
@@ -295,11 +313,12 @@ def passes_on(served: Measurement, model_gain: Measurement) -> Verdict:
     off = served.value / model_gain.value - 1
     if definitions.agree(served.value, model_gain.value):
         word, why = "passed on", f"within the noise band ({definitions.NOISE_BAND:.0%})."
-    elif not definitions.told_apart(served.spread, served.repeats, model_gain.spread, model_gain.repeats):
+    elif not _told_apart(served, model_gain):
         word = "cannot be told apart from passing on"
         why = (f"beyond the noise band ({definitions.NOISE_BAND:.0%}), but not told apart over the repeats: the "
                f"served gain ran {served.spread[0]:.2f}–{served.spread[1]:.2f}× over {served.repeats}, the model's "
-               f"{model_gain.spread[0]:.2f}–{model_gain.spread[1]:.2f}× over {model_gain.repeats}.")
+               f"{model_gain.spread[0]:.2f}–{model_gain.spread[1]:.2f}× over {model_gain.repeats}, and "
+               f"{_why_not_apart(served, model_gain)}.")
     elif off > 0:
         word = "passed on and added to"
         why = (f"beyond the noise band ({definitions.NOISE_BAND:.0%}): with batching on, each request cost the "
@@ -946,19 +965,26 @@ def saves_less_when_busier(greedy_low: Measurement, waiting_low: Measurement,
 
 
 def neighbour_gains(beside_greedy: Measurement, beside_waiting: Measurement) -> Verdict:
-    """Whether a model's p50 fell, beyond the noise band, when only its neighbour on the same
-    device turned from greedy to waiting. Within the band the two cannot be told apart."""
+    """Whether a model's p50 fell when only its neighbour on the same device turned from
+    greedy to waiting, told apart (:func:`_told_apart`: beyond the noise band, and over the
+    repeats). Otherwise the two cannot be told apart, and the sentence says why."""
     _need(beside_greedy, "p50")
     comparable(beside_greedy, beside_waiting)
-    holds = beside_waiting.value < beside_greedy.value and not definitions.agree(
-        beside_waiting.value, beside_greedy.value)
-    word = ("finished sooner" if holds else "could not be told apart" if definitions.agree(
-        beside_waiting.value, beside_greedy.value) else "finished later")
+    apart = _told_apart(beside_greedy, beside_waiting)
+    holds = apart and beside_waiting.value < beside_greedy.value
+    word = "finished sooner" if holds else "finished later" if apart else "could not be told apart"
     return Verdict("a neighbour's wait is this model's gain", holds, word,
                    f"Beside a waiting neighbour {beside_greedy.model}'s median request {word}: p50 "
-                   f"{beside_greedy.value * 1e3:.0f} ms beside a greedy one, "
-                   f"{beside_waiting.value * 1e3:.0f} ms beside "
-                   f"a waiting one (noise band {definitions.NOISE_BAND:.0%}).")
+                   f"{beside_greedy.value * 1e3:.0f} ms beside a greedy one "
+                   f"({_spread_ms(beside_greedy)}), {beside_waiting.value * 1e3:.0f} ms beside a waiting one "
+                   f"({_spread_ms(beside_waiting)})"
+                   + (f"; {_why_not_apart(beside_greedy, beside_waiting)}." if not apart else
+                      f" (noise band {definitions.NOISE_BAND:.0%})."))
+
+
+def _spread_ms(record: Measurement) -> str:
+    return (f"{record.spread[0] * 1e3:.0f}–{record.spread[1] * 1e3:.0f} over {_repeats(record)}"
+            if record.repeats > 1 else "one repeat")
 
 
 def core_feeds(t_http: Measurement, ceiling: Measurement) -> Verdict:
@@ -1069,10 +1095,11 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
     candidates = [label for label, load in held.items() if load == top]
     loads = sorted({load for at in by_setting.values() for load in at})
     above = [load for load in loads if load > top]
-    evidence = (f"held {budget} up to {top:g} requests/s: {', '.join(candidates)}; "
-                f"{'their' if len(candidates) > 1 else 'its'} highest repeat's p99 "
-                f"there: " + ", ".join(f"{label} {by_setting[label][top]['p99'].spread[1] * 1e3:.0f} ms"
-                                       for label in candidates))
+    highest = {label: by_setting[label][top]["p99"].spread[1] for label in candidates}
+    evidence = f"held {budget} up to {top:g} requests/s" + (
+        f", its highest repeat's p99 there {highest[candidates[0]] * 1e3:.0f} ms" if len(candidates) == 1 else
+        f": {', '.join(candidates)}; their highest repeat's p99 there: "
+        + ", ".join(f"{label} {p99 * 1e3:.0f} ms" for label, p99 in highest.items()))
     near = {label: at[top]["p99"].spread[1] for label, at in by_setting.items()
             if label not in candidates and top in at and at[top]["shed"] == 0
             and definitions.agree(at[top]["p99"].spread[1], budget_s)}   # missed it by less than the band
@@ -1091,8 +1118,9 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
     if above:
         evidence += f"; no setting held it at {_and(f'{load:g}' for load in above)} requests/s"
     caveat = (f" {_and(near)} missed the budget at {top:g} requests/s by less than the noise band "
-              f"({definitions.NOISE_BAND:.0%}; highest repeat's p99 "
-              + ", ".join(f"{label} {p99 * 1e3:.0f} ms" for label, p99 in near.items())
+              f"({definitions.NOISE_BAND:.0%}; " + (
+                  f"its highest repeat's p99 there {next(iter(near.values())) * 1e3:.0f} ms" if len(near) == 1 else
+                  "highest repeat's p99 " + ", ".join(f"{label} {p99 * 1e3:.0f} ms" for label, p99 in near.items()))
               + "): a re-run may let " + ("them" if len(near) > 1 else "it") + " in"
               + (", and the default with it." if default in near else ".") if near else "")
     if len(tied) == 1:
@@ -1129,10 +1157,11 @@ def faulting_slows(faulted: Sequence[tuple[int, float, float]]) -> Verdict:
     for b, rate, fixed in sorted(faulted):
         by_size.setdefault((b, fixed), []).append(f"{rate:.0f}")
     runs = "; ".join(f"batch {b}: {_and(rates)} against {fixed:.0f} rows/s" for (b, fixed), rates in by_size.items())
-    slower = sum(rate < fixed for _, rate, fixed in faulted)
+    slower = sum(rate < fixed and not definitions.agree(rate, fixed) for _, rate, fixed in faulted)
     sentence = (f"Where glibc as it is faulted, calls ran {word} the same batch size with the thresholds fixed, "
                 f"at the median of the runs: {middle:.2f}× the rows/s ({slower} of {len(faulted)} "
-                f"run{'s' * (len(faulted) > 1)} slower; {runs}; noise band {definitions.NOISE_BAND:.0%})")
+                f"run{'s' * (len(faulted) > 1)} slower beyond the noise band; {runs}; "
+                f"noise band {definitions.NOISE_BAND:.0%})")
     sentence += ("; more processes (`PROCESSES_PER_CASE`) may tell them apart." if word.startswith("as fast")
                  else ".")
     return Verdict("faulting calls run slower", word != "faster than", word, sentence)

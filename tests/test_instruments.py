@@ -781,3 +781,14 @@ def test_real_gpu_reads_the_accelerators_file_and_names_a_flat_cost_line(tmp_pat
     assert real_gpu(8, tmp_path).splitlines()[2] == (
         "through one mmserver process (results/cuda/efficiency.txt), flat: 586 requests/s at a mean "
         "batch of 17.1 rows, 0.08 of the raw model's rate at that batch")
+
+
+def test_out_of_order_names_a_larger_batch_timed_faster():
+    """01's run timed resnet18's t(4) at 56.12 ms and t(8) at 54.29 ms (passes 31-68 ms at 4):
+    a disturbed median, which bent the line through 2, 4 and 8 (F above t(1))."""
+    disturbed = instruments.CallTimes("resnet18", "wall", 1, (1, 2, 4, 8, 16),
+                                      (0.0126, 0.02347, 0.05612, 0.05429, 0.08287), ((0.0126,) * 5,))
+    assert instruments.out_of_order(disturbed) == [(4, 8)]
+    steady = instruments.CallTimes("resnet18", "wall", 1, (1, 2, 4, 8, 16),
+                                   (0.0126, 0.02347, 0.0312, 0.0542, 0.08287), ((0.0126,) * 5,))
+    assert instruments.out_of_order(steady) == []

@@ -259,3 +259,14 @@ def test_published_figures_are_consistent():
     assert published.gain("V100 16GB, mixed precision", 32) > 25
     assert json.dumps(published.SOURCE)
     assert not math.isnan(published.gain("T4, FP32", 256))
+
+
+def test_per_request_cost_of_a_mean_batch_mixes_the_two_sizes_around_it():
+    """07's greedy at its lowest load: calls of 1.43 rows with t(1) = 12.91 ms below the line
+    (F = 13.62, c = 4.53 ms): 57 % ones and 43 % twos cost 11.97 ms a request, not t(1)."""
+    cost = queueing.BatchCost(a=0.01362, c=0.00453, t1=0.01291)
+    assert cost.per_request(1.43) == pytest.approx((0.57 * 0.01291 + 0.43 * (0.01362 + 2 * 0.00453)) / 1.43)
+    assert cost.per_request(1.0) == pytest.approx(0.01291)
+    assert cost.per_request(3.13) == pytest.approx((0.01362 + 0.00453 * 3.13) / 3.13)   # on the line from 2
+    with pytest.raises(ValueError):
+        cost.per_request(0.5)

@@ -178,7 +178,7 @@ def p99(model: str, low_ms: float, high_ms: float, load: float, policy: str = "g
 
 def test_indistinguishable_by_overlapping_ranges():
     same = verdicts.indistinguishable(p99("greedy 16", 44, 52, 88), p99("timer 16", 46, 50, 88, "timer", 20))
-    assert same.holds and "indistinguishable" in same.sentence
+    assert same.holds and "are not told apart" in same.sentence and "values lie within the noise band" in same.sentence
     apart = verdicts.indistinguishable(p99("greedy 16", 30, 33, 88), p99("timer 16", 46, 50, 88, "timer", 20))
     assert not apart.holds and "told apart" in apart.sentence
 
@@ -257,6 +257,7 @@ def test_a_served_gain_whose_repeats_overlap_the_models_cannot_be_told_apart():
     model = measurement("speedup over t(1)", "cnn", 1.17, "x", (1.15, 1.61), 5, {"max_batch_size": 16})
     verdict = verdicts.passes_on(served, model)
     assert verdict.holds and verdict.word == "cannot be told apart from passing on"
+    assert verdict.sentence.endswith("their ranges over the repeats overlap.")
     low = measurement("served gain", "cnn", 0.9, "x", (0.85, 0.95), 3, {"max_batch_size": 16})
     assert verdicts.passes_on(low, model).word == "ate part of"
 
@@ -828,6 +829,19 @@ def test_neighbour_gains_beyond_the_band_only():
     assert not later and later.word == "finished later"
 
 
+def test_neighbour_gains_only_when_the_repeats_tell_it():
+    """08's step 3 said B "finished sooner" at p50 145 against 210 ms on the values alone; over
+    two repeats each, ranges 6 % apart are not told apart (chance 33 %)."""
+    def p50(low, high):
+        return measurement("p50", "b", (low + high) / 2, "s", (low, high), 2,
+                           {"policy": "greedy", "max_wait_ms": 0, "max_batch_size": 32, "offered_rps": 36})
+
+    close = verdicts.neighbour_gains(p50(0.17, 0.25), p50(0.13, 0.16))
+    assert not close and close.word == "could not be told apart"
+    assert "miss each other by 6%" in close.sentence and "33.3%" in close.sentence
+    assert verdicts.neighbour_gains(p50(0.20, 0.25), p50(0.13, 0.16)).word == "finished sooner"
+
+
 def test_core_feeds_by_cores_to_feed():
     def ceiling(v):
         return measurement("offline ceiling", "dev", v, "rows/s", (v, v), 3, {"max_batch_size": 32})
@@ -909,7 +923,25 @@ def test_two_p99_ranges_a_millisecond_apart_are_not_told_apart():
     """14's run: 220-223 ms against 224-261 ms, values 222 and 243 (1.09x): the ranges miss each
     other by 1 ms, and the values agree within the band."""
     close = verdicts.indistinguishable(p99("token budget", 220, 223, 88), p99("rows-only", 224, 261, 88))
-    assert close.holds and close.word == "indistinguishable"
+    assert close.holds and close.word == "not told apart"
+    assert "values lie within the noise band (15%) of each other" in close.sentence
+
+
+def test_a_p99_gap_of_far_more_than_the_band_is_not_told_apart_when_the_ranges_overlap():
+    """14's run printed "indistinguishable" for p99 950 against 2593 ms (2.7x), whose ranges
+    730-1087 and 1016-2640 overlap: the repeats do not rank them, which is not "the same"."""
+    verdict = verdicts.indistinguishable(p99("token budget", 730, 1087, 88), p99("rows-only", 1016, 2640, 88))
+    assert verdict.holds and verdict.word == "not told apart"
+    assert "indistinguishable" not in verdict.sentence and "ranges over the repeats overlap" in verdict.sentence
+
+
+def test_a_gap_inside_the_band_over_few_repeats_says_the_chance():
+    """Ranges that miss each other by less than the band, over 2 repeats each, are not told
+    apart: the sentence gives the gap and the chance (2 / C(4, 2) = 33 %)."""
+    verdict = verdicts.indistinguishable(p99("a", 100, 110, 88), p99("b", 120, 130, 88))
+    assert verdict.holds
+    assert "miss each other by 9%, inside the noise band (15%)" in verdict.sentence
+    assert "2 repeats against 2 part so by chance alone 33.3% of the time" in verdict.sentence
 
 
 def test_a_point_that_shed_does_not_hold_the_budget():
@@ -942,12 +974,16 @@ def test_a_setting_that_missed_the_budget_within_the_band_is_named():
               sweep_point("timer", 16, 10, 69, 94, 69), sweep_point("greedy", 1, 0, 69, 300, 60)]
     verdict = verdicts.choose_setting(points, 0.09284, DEFAULT)
     assert verdict.holds and verdict.sentence.startswith("For p99 ≤ 92.84 ms, run: greedy 4 (")
-    assert "its highest repeat's p99 there: greedy 4 76 ms" in verdict.sentence
+    assert "(held p99 ≤ 92.84 ms up to 69 requests/s, its highest repeat's p99 there 76 ms)." in verdict.sentence
     assert verdict.sentence.endswith("greedy 16 and timer 16 / 10 ms missed the budget at 69 requests/s by less than "
                                      "the noise band (15%; highest repeat's p99 greedy 16 95 ms, timer 16 / 10 ms 94 "
                                      "ms): a re-run may let them in, and the default with it.")
     clear = verdicts.choose_setting(points[:1] + points[3:], 0.09284, DEFAULT)
     assert "noise band" not in clear.sentence
+    one = verdicts.choose_setting(points[:2] + points[3:], 0.09284, DEFAULT)
+    assert one.sentence.endswith("greedy 16 missed the budget at 69 requests/s by less than the noise band (15%; "
+                                 "its highest repeat's p99 there 95 ms): a re-run may let it in, and the default with it.")
+    assert one.sentence.count("greedy 4") == 1, "07's run named the one setting that held three times"
 
 
 def test_a_tie_is_listed_most_served_first():
@@ -989,12 +1025,14 @@ def test_faulting_slows_compares_each_batch_size_with_itself():
     both = verdicts.faulting_slows([(8, 2435.0, 3590.0), (16, 2530.0, 3700.0)])
     assert both.holds and both.word == "slower than"
     assert ("calls ran slower than the same batch size with the thresholds fixed, at the median of the runs: "
-            "0.68× the rows/s (2 of 2 runs slower; batch 8: 2435 against 3590 rows/s; batch 16: 2530 against 3700 "
+            "0.68× the rows/s (2 of 2 runs slower beyond the noise band; batch 8: 2435 against 3590 rows/s; batch 16: 2530 against 3700 "
             "rows/s; noise band 15%)." in both.sentence)
     faster = verdicts.faulting_slows([(16, 4500.0, 3700.0)])
-    assert not faster and faster.word == "faster than" and "(0 of 1 run slower;" in faster.sentence
+    assert not faster and faster.word == "faster than" and "(0 of 1 run slower beyond the noise band;" in faster.sentence
     one_faster = verdicts.faulting_slows([(16, 1084.0, 1428.0), (16, 1473.0, 1428.0), (8, 1101.0, 1428.0)])
-    assert one_faster.holds and "(2 of 3 runs slower;" in one_faster.sentence   # 10's run: one ran faster
+    assert one_faster.holds and "(2 of 3 runs slower beyond" in one_faster.sentence   # 10's run: one ran faster
+    in_band = verdicts.faulting_slows([(16, 1127.0, 1486.0), (16, 1167.0, 1486.0), (16, 1366.0, 1486.0)])
+    assert in_band.holds and "(2 of 3 runs slower beyond" in in_band.sentence   # 10's run: 1366 is 0.92x, in the band
     near = verdicts.faulting_slows([(16, 3400.0, 3700.0), (8, 3500.0, 3590.0), (16, 2000.0, 3700.0)])
     assert near.holds and near.word == "as fast, within the noise band, as"   # median 0.92: not told apart
     assert "batch 16: 2000 and 3400 against 3700 rows/s" in near.sentence and "more processes" in near.sentence
@@ -1048,4 +1086,4 @@ def test_compared_does_not_rank_two_records_whose_repeats_are_not_told_apart():
 def test_two_settings_of_one_model_are_named_by_their_settings():
     """07's run printed "resnet18 and resnet18 are indistinguishable": one model, two settings."""
     verdict = verdicts.indistinguishable(p99("resnet18", 120, 130, 38, "timer", 50), p99("resnet18", 72, 150, 38))
-    assert verdict.sentence.startswith("resnet18 under timer 16 / 50 ms and under greedy 16 are indistinguishable")
+    assert verdict.sentence.startswith("resnet18 under timer 16 / 50 ms and under greedy 16 are not told apart")
