@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from mmserver.engine.shared import ALIGN_BYTES, INLINE, SHARED, Arena, pack, unpack
+from mmserver.engine.shared import ALIGN_BYTES, INLINE, INLINE_MAX_BYTES, SHARED, Arena, pack, unpack
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="no memfd_create")
 
@@ -17,7 +17,8 @@ DTYPES = [torch.bool, torch.uint8, torch.uint16, torch.uint32, torch.uint64, tor
 
 @pytest.fixture
 def arena():
-    arena = Arena.create("test", size=64 * 1024)
+    """An arena that holds every tensor, however small (the server's inlines small ones)."""
+    arena = Arena.create("test", size=64 * 1024, inline_max_bytes=0)
     yield arena
     arena.close()
 
@@ -91,3 +92,34 @@ def test_a_descriptor_outside_the_arena_is_refused(arena):
         unpack((SHARED, arena.size - 4, "torch.float32", (2,)), arena, copy=True)
     with pytest.raises(ValueError, match="without any"):
         unpack((SHARED, 0, "torch.float32", (2,)), None, copy=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_small_data_rides_in_the_message_and_large_data_in_the_arena(dtype):
+    """A one-row request or answer costs less copied into the message than put, written and
+    freed in the arena (``INLINE_MAX_BYTES``); a large one still crosses through shared memory."""
+    arena = Arena.create("test", size=4 * INLINE_MAX_BYTES)
+    try:
+        small = (torch.arange(24).reshape(2, 3, 4) % 7).to(dtype)
+        for data in (small, small.transpose(0, 2), {"x": small, "note": 1}):
+            descriptor, offset = pack(data, arena)
+            assert offset is None and arena.bytes_in_use == 0
+            out = unpack(descriptor, None, copy=False)
+            got, want = (out["x"], small) if isinstance(data, dict) else (out, data)
+            assert got.dtype == dtype and got.shape == want.shape and torch.equal(got, want)
+        large = torch.zeros(INLINE_MAX_BYTES + 1, dtype=torch.uint8)
+        descriptor, offset = pack(large, arena)
+        assert descriptor[0] == SHARED and offset == 0
+    finally:
+        arena.close()
+
+
+def test_a_small_grad_or_bfloat16_tensor_rides_as_its_values():
+    arena = Arena.create("test", size=4 * INLINE_MAX_BYTES)
+    try:
+        for data in (torch.ones(3, requires_grad=True) * 2, torch.arange(6.0).to(torch.bfloat16)):
+            descriptor, offset = pack(data, arena)
+            assert descriptor[0] == INLINE and offset is None
+            assert torch.equal(unpack(descriptor, None, copy=True), data.detach())
+    finally:
+        arena.close()

@@ -10,9 +10,9 @@ written together at its end, and every message a read brings is handed over in o
 per request. A channel is an asyncio protocol, not a stream: no coroutine runs
 per message.
 
-Tensors do not ride in the messages: each connection has two shared-memory arenas
-(``shared``), which the worker makes and hands to the engine as it connects, in its first
-byte's ancillary data (``SCM_RIGHTS``). Only mmserver's own processes connect, through a
+Only small tensors ride in the messages: each connection has two shared-memory arenas
+(``shared``) for the rest, which the worker makes and hands to the engine as it connects, in
+its first byte's ancillary data (``SCM_RIGHTS``). Only mmserver's own processes connect, through a
 socket in a folder only the server's user may enter, so unpickling trusts its peer.
 """
 

@@ -9,8 +9,9 @@ the client to forget (:data:`OPERATIONS`).
 
 On the wire a message is a tuple, its kind's number first and then its fields in order,
 pickled (``channel``): no class names cross, so a message of a few small fields stays a
-few dozen bytes, and decoding it is a lookup and a call. Tensors never ride in a message,
-only the descriptors of where they lie in shared memory (``shared``).
+few dozen bytes, and decoding it is a lookup and a call. A tensor rides in a message as a
+descriptor: where it lies in shared memory, or, when small (``shared.INLINE_MAX_BYTES``), its
+bytes (``shared``).
 
 ``request_id`` numbers one worker's requests on its connection; each :class:`Ask` and
 each :class:`Rows` is answered exactly once, by a :class:`Result`, :class:`RowsResult` or
