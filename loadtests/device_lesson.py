@@ -195,7 +195,7 @@ def shared_device(a_settings: Mapping[str, Batching], b: Batching, load_a: float
         for label, a in a_settings.items():
             runs[label].append(measure_shared(a, b, load_a, load_b, duration_s=duration_s,
                                               out=out / f"shared-{repeat}-{a.policy}", warmup_s=1.0))
-    print(f"shared device: {repeats} repeat(s) of each setting in {time.perf_counter() - started:.0f} s")
+    print(f"shared device: {repeats} repeat{'s' * (repeats != 1)} of each setting in {time.perf_counter() - started:.0f} s")
     result = {}
     for label, repeated in runs.items():
         result[label] = {}

@@ -128,9 +128,14 @@ class Measurement:
 
     @classmethod
     def from_json(cls, data: Mapping) -> Measurement:
+        """A record read back from the ledger: JSON's lists become the tuples they were (a fit's
+        sizes print as ``(2, 4, 8)`` in every notebook, read back or not)."""
+        def tupled(pairs: Mapping) -> dict:
+            return {key: tuple(value) if isinstance(value, list) else value for key, value in pairs.items()}
+
         return measurement(data["quantity"], data["model"], data["value"], data["unit"],
-                           tuple(data["spread"]), data["repeats"], data.get("conditions", {}),
-                           data.get("context", {}))
+                           tuple(data["spread"]), data["repeats"], tupled(data.get("conditions", {})),
+                           tupled(data.get("context", {})))
 
 
 def measurement(quantity: str, model: str, value: float, unit: str, spread: Sequence[float],

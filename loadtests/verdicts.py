@@ -315,7 +315,7 @@ def passes_on(served: Measurement, model_gain: Measurement) -> Verdict:
         word, why = "passed on", f"within the noise band ({definitions.NOISE_BAND:.0%})."
     elif not _told_apart(served, model_gain):
         word = "cannot be told apart from passing on"
-        why = (f"beyond the noise band ({definitions.NOISE_BAND:.0%}), but not told apart over the repeats: the "
+        why = (f"a gap beyond the noise band ({definitions.NOISE_BAND:.0%}) that the repeats do not confirm: the "
                f"served gain ran {served.spread[0]:.2f}–{served.spread[1]:.2f}× over {served.repeats}, the model's "
                f"{model_gain.spread[0]:.2f}–{model_gain.spread[1]:.2f}× over {model_gain.repeats}, and "
                f"{_why_not_apart(served, model_gain)}.")
@@ -358,9 +358,12 @@ def larger_share_gains_more(share_big: Measurement, speedup_big: Measurement,
     comparable(share_big, share_small)
     comparable(speedup_big, speedup_small)
     big, small = share_big.model, share_small.model
-    shares = f"fixed share {share_big.value:.0%} against {share_small.value:.0%}"
+    overlap = definitions.indistinguishable(share_big.spread, share_small.spread)
+    shares = (f"fixed share {share_big.value:.0%} ({_percents(share_big.spread)}) against "
+              f"{share_small.value:.0%} ({_percents(share_small.spread)})")
     gains = f"per-row speedup {speedup_big.value:.2f}× against {speedup_small.value:.2f}×"
-    band = f"noise band {definitions.NOISE_BAND:.0%}"
+    band = f"noise band {definitions.NOISE_BAND:.0%}" + (
+        "; the shares' ranges over the passes overlap, so only their medians rank them" if overlap else "")
     if not _exceeds(share_big.value, share_small.value):
         word = "has no larger fixed share"
         sentence = f"{big} {word} than {small} beyond the {band} ({shares}; {gains})."
@@ -369,6 +372,10 @@ def larger_share_gains_more(share_big: Measurement, speedup_big: Measurement,
         sentence = (f"{big}, with the larger fixed share ({shares} for {small}), {word} from a batch than "
                     f"{small} at MAX_BATCH_SIZE {speedup_big.where.get('max_batch_size', '?')}: {gains} ({band}).")
     return Verdict("the larger fixed share gains more", word == "gained more", word, sentence)
+
+def _percents(spread: tuple[float, float]) -> str:
+    return f"from {spread[0]:.0%} to {spread[1]:.0%}" if spread[0] < 0 else f"{spread[0]:.0%}–{spread[1]:.0%}"
+
 
 def grows_with_padded_tokens(fewer_rows: Measurement, more_rows: Measurement,
                              longer: Measurement) -> Verdict:
@@ -643,7 +650,7 @@ def shares_server_work(t_http_batched: Measurement, t_http_alone: Measurement) -
     return Verdict("batching shares the server's per-call work", holds, word,
                    f"Batching {word} the server's own work per request: t_http at MAX_BATCH_SIZE {big} "
                    f"(mean batch {t_http_batched.observed.get('mean_batch', '?')}) was "
-                   f"{t_http_batched.value * 1e6:.0f} µs, at MAX_BATCH_SIZE 1 {t_http_alone.value * 1e6:.0f} µs "
+                   f"{t_http_batched.value * 1e6:.0f} µs, and {t_http_alone.value * 1e6:.0f} µs at MAX_BATCH_SIZE 1 "
                    f"(noise band {definitions.NOISE_BAND:.0%}).")
 
 
@@ -740,8 +747,10 @@ def wait_delays(greedy: Measurement, waiting: Measurement) -> Verdict:
 # -- notebook 06: the kind of load, a stall, and a full queue ------------------------------------
 
 
-def _bracket(share: tuple[float, float]) -> str:
-    return f"{share[0]:.1%}-{share[1]:.1%}"
+def share_bracket(share: tuple[float, float]) -> str:
+    """A share's bracket as its histogram gives it, one number when both ends print the same."""
+    low, high = f"{share[0]:.1%}", f"{share[1]:.1%}"
+    return low if low == high else f"{low}-{high}"
 
 
 def batches_past_users(largest_batch: float, users: int, open_rps: float, closed_rps: float) -> Verdict:
@@ -771,8 +780,8 @@ def stall_hidden(closed_share: tuple[float, float], open_share: tuple[float, flo
     return Verdict("a closed loop hides a stall", holds, word,
                    f"The closed loop {word} the {stall_s:g} s stall: its slowest request took {closed_max_s:.2f} s "
                    f"({'it lived through the stall' if lived else 'it never met the stall'}), yet "
-                   f"{_bracket(closed_share)} of its requests took over {stall_s / 2:g} s, against "
-                   f"{_bracket(open_share)} of the open loop's through the same stall.")
+                   f"{share_bracket(closed_share)} of its requests took over {stall_s / 2:g} s, against "
+                   f"{share_bracket(open_share)} of the open loop's through the same stall.")
 
 
 def stall_is_the_cause(with_stall: tuple[float, float], without_stall: tuple[float, float],
@@ -783,7 +792,7 @@ def stall_is_the_cause(with_stall: tuple[float, float], without_stall: tuple[flo
     word = "is" if holds else "is not"
     return Verdict("the slow share is the stall's", holds, word,
                    f"The open loop's share of requests over {stall_s / 2:g} s {word} the stall's: "
-                   f"{_bracket(with_stall)} with it, {_bracket(without_stall)} of the same load without it.")
+                   f"{share_bracket(with_stall)} with it, {share_bracket(without_stall)} of the same load without it.")
 
 
 def sheds_cleanly(drain: Measurement, failed: int, max_batch_size: int) -> Verdict:
@@ -796,7 +805,7 @@ def sheds_cleanly(drain: Measurement, failed: int, max_batch_size: int) -> Verdi
     holds = shed > drain.value and failed == 0 and full
     word = "shed the excess cleanly" if holds else "did not shed the excess cleanly"
     return Verdict("an overloaded server sheds cleanly", holds, word,
-                   f"Overloaded, the server {word}: {shed:.0f} 503s/s against {drain.value:.0f} answers/s, "
+                   f"Overloaded, the server {word}: {shed:.0f} refusals (503) a second against {drain.value:.0f} answers a second, "
                    f"{failed} failed, batches of {mean_batch:g} of {max_batch_size} rows on average.")
 
 
@@ -974,12 +983,12 @@ def neighbour_gains(beside_greedy: Measurement, beside_waiting: Measurement) -> 
     holds = apart and beside_waiting.value < beside_greedy.value
     word = "finished sooner" if holds else "finished later" if apart else "could not be told apart"
     return Verdict("a neighbour's wait is this model's gain", holds, word,
-                   f"Beside a waiting neighbour {beside_greedy.model}'s median request {word}: p50 "
+                   f"Beside a waiting neighbour, {beside_greedy.model}'s median request {word}: p50 "
                    f"{beside_greedy.value * 1e3:.0f} ms beside a greedy one "
                    f"({_spread_ms(beside_greedy)}), {beside_waiting.value * 1e3:.0f} ms beside a waiting one "
                    f"({_spread_ms(beside_waiting)})"
                    + (f"; {_why_not_apart(beside_greedy, beside_waiting)}." if not apart else
-                      f" (noise band {definitions.NOISE_BAND:.0%})."))
+                      f"; noise band {definitions.NOISE_BAND:.0%}."))
 
 
 def _spread_ms(record: Measurement) -> str:
@@ -1031,14 +1040,24 @@ def compared(a: Measurement, b: Measurement, a_is: str, b_is: str) -> Verdict:
     word = ("within the noise band of" if definitions.agree(a.value, b.value) else
             "not told apart, over the repeats, from" if same else "more than" if a.value > b.value else "less than")
     return Verdict("the two cannot be told apart", same, word,
-                   f"{a.quantity} {a_is}: {_value(a)}, {word} {b_is}: {_value(b)} "
-                   f"({a.value / b.value:.2f}×; noise band {definitions.NOISE_BAND:.0%}).")
+                   f"{a.quantity} {a_is}: {_value(a)}, {word} {b_is}: {_value(b)}; "
+                   f"{a.value / b.value:.2f}×, the larger {max(a.value, b.value) / min(a.value, b.value) - 1:.0%} "
+                   f"above the smaller (noise band {definitions.NOISE_BAND:.0%}).")
 
 
 def _value(record: Measurement) -> str:
+    """A record's value as a sentence prints it, with its range when it has repeats (in the
+    value's own unit)."""
     if record.unit == "s":
-        return f"{record.value * 1e6:.0f} µs" if record.value < 1e-3 else f"{record.value * 1e3:.1f} ms"
-    return f"{record.value:.0f} {record.unit}"
+        scale, unit, digits = ((1e6, "µs", 0) if record.value < 1e-3 else (1e3, "ms", 1) if record.value < 10e-3
+                               else (1e3, "ms", 0))
+    else:
+        scale, unit, digits = 1.0, record.unit, 0
+    text = f"{record.value * scale:.{digits}f} {unit}"
+    if record.repeats > 1:
+        low, high = (f"{v * scale:.{digits}f}" for v in record.spread)
+        text += f" ({low}–{high} over {_repeats(record)})"
+    return text
 
 
 def setting_label(record: Measurement) -> str:

@@ -127,3 +127,13 @@ def test_the_file_comes_from_the_environment(tmp_path, monkeypatch):
     assert (tmp_path / "env.jsonl").exists()
     run.clear()
     assert run.entries() == []
+
+
+def test_a_record_read_back_prints_its_tuples_as_tuples(tmp_path):
+    """07's ledger quoted 01's record as fit_sizes=[2, 4, 8]; 01 printed fit_sizes=(2, 4, 8)."""
+    import json
+
+    from loadtests.instruments import Measurement
+    record = measurement("F", "m", 0.01, "s", (0.009, 0.011), 5, {"fit_sizes": (2, 4, 8), "clock": "cpu"})
+    back = Measurement.from_json(json.loads(json.dumps(record.as_json())))
+    assert back == record and "fit_sizes=(2, 4, 8)" in back.describe()

@@ -300,10 +300,22 @@ def share_and_speedup(model: str, share: float, speedup: float, b: int = 16):
 def test_the_larger_share_gains_more():
     verdict = verdicts.larger_share_gains_more(*share_and_speedup("resnet18", 0.78, 3.63),
                                                *share_and_speedup("small CNN", 0.22, 1.14))
-    assert verdict.holds and verdict.word == "gained more" and "78% against 22%" in verdict.sentence
+    assert verdict.holds and verdict.word == "gained more" and "78% (78%–78%) against 22% (22%–22%)" in verdict.sentence
+    assert "overlap" not in verdict.sentence
     # a small model whose fitted F came out negative has a share below 0: still the smaller one
     assert verdicts.larger_share_gains_more(*share_and_speedup("resnet18", 0.78, 3.63),
                                             *share_and_speedup("small CNN", -0.05, 0.98)).holds
+
+
+def test_shares_whose_ranges_overlap_are_said_to_be_ranked_by_their_medians_only():
+    """01's run: resnet18's share 72% (70-73% over the passes) against the small CNN's 52%, whose
+    passes ran from -4% to 75%: the sentence must not hide that the ranges overlap."""
+    big = measurement("fixed share", "resnet18", 0.72, "share", (0.70, 0.73), 7, {"clock": "wall", "threads": 1})
+    small = measurement("fixed share", "small-cnn", 0.52, "share", (-0.04, 0.75), 7, {"clock": "wall", "threads": 1})
+    verdict = verdicts.larger_share_gains_more(big, share_and_speedup("resnet18", 0.72, 2.23)[1],
+                                               small, share_and_speedup("small-cnn", 0.52, 1.12)[1])
+    assert verdict.holds and "72% (70%–73%) against 52% (from -4% to 75%)" in verdict.sentence
+    assert "ranges over the passes overlap, so only their medians rank them" in verdict.sentence
 
 
 def test_a_larger_share_without_a_larger_speedup_does_not_hold():
