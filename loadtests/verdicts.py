@@ -373,6 +373,7 @@ def larger_share_gains_more(share_big: Measurement, speedup_big: Measurement,
                     f"{small} at MAX_BATCH_SIZE {speedup_big.where.get('max_batch_size', '?')}: {gains} ({band}).")
     return Verdict("the larger fixed share gains more", word == "gained more", word, sentence)
 
+
 def _percents(spread: tuple[float, float]) -> str:
     return f"from {spread[0]:.0%} to {spread[1]:.0%}" if spread[0] < 0 else f"{spread[0]:.0%}–{spread[1]:.0%}"
 
