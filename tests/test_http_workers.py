@@ -249,8 +249,9 @@ def test_sigterm_answers_accepted_requests_and_leaves_nothing_behind(root):
             assert server.process.wait(25) == 0
             print(f"SIGTERM to exit with 4 requests in flight: {time.monotonic() - started:.1f} s")
     assert wait_until(lambda: not any(_alive(pid) for pid in children), 10)
-    assert _engine_folders() == folders_before
-    assert _dev_shm() == shm_before  # the arenas had no name there, and nothing else was made
+    # Only what this server made: another server on the machine may come and go meanwhile.
+    assert not _engine_folders() - folders_before
+    assert not _dev_shm() - shm_before  # the arenas had no name there, and nothing else was made
 
 
 # -- the engine's death ----------------------------------------------------------------------

@@ -158,7 +158,7 @@ def test_a_segfault_in_an_isolated_model_costs_only_that_model(server):
     assert server.unload("segfault")[0] == 200
     assert wait_until(lambda: not _alive(second), 10)
     assert_error(server.json("GET", "/models/segfault"), 404, "ModelNotFound")
-    assert _isolation_folders() == folders_before
+    assert not _isolation_folders() - folders_before   # another server may come and go meanwhile
 
 
 def test_a_model_loading_again_in_a_new_process_answers_503_with_that_reason(server, root):
@@ -248,7 +248,7 @@ def test_sigterm_answers_an_isolated_models_requests_and_leaves_nothing_behind(r
                 (200, [[float(i)]]) for i in range(1, 5)]
             assert server.process.wait(25) == 0
     assert wait_until(lambda: not _alive(child), 10)
-    assert _isolation_folders() == folders_before
+    assert not _isolation_folders() - folders_before   # another server may come and go meanwhile
 
 
 def test_with_http_workers_an_isolated_models_crash_leaves_the_engine_serving(root):
@@ -274,4 +274,4 @@ def test_with_http_workers_an_isolated_models_crash_leaves_the_engine_serving(ro
         _affine_serves(server)
         children |= _descendants(server.process.pid)
     assert wait_until(lambda: not any(_alive(pid) for pid in children), 10)
-    assert _isolation_folders() == folders_before
+    assert not _isolation_folders() - folders_before   # another server may come and go meanwhile
