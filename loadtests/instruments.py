@@ -109,13 +109,9 @@ class Measurement:
 
     def describe(self) -> str:
         """One line, e.g. ``t_http of noop: 131 µs (120–140 µs over 3 repeats; clock=...)``."""
-        low, high = self.spread
         text = f"{self.quantity} of {self.model}: {_show(self.value, self.unit)}"
-        if self.repeats > 1 and low < 0:   # "-88–59%" would read as a subtraction
-            text += f" (from {_show(low, self.unit)} to {_show(high, self.unit)} over {self.repeats} repeats"
-        elif self.repeats > 1:
-            text += (f" ({_show(low, self.unit, False, scale_of=high)}–{_show(high, self.unit)} "
-                     f"over {self.repeats} repeats")
+        if self.repeats > 1:
+            text += f" ({show_range(*self.spread, self.unit)} over {self.repeats} repeats"
         else:
             text += " (one repeat"
         details = [f"{k}={v}" for k, v in self.conditions + self.context]
@@ -159,6 +155,14 @@ def _show(value: float, unit: str, with_unit: bool = True, scale_of: float | Non
     if unit == "x":
         return f"{value:.2f}×" if with_unit else f"{value:.2f}"
     return f"{value:.4g} {unit}" if with_unit else f"{value:.4g}"
+
+
+def show_range(low: float, high: float, unit: str) -> str:
+    """A range as every printed sentence writes it: ``12–34%``, ``120–140 µs``, the unit once;
+    a range that crosses zero reads ``from -88% to 59%``, since ``-88–59%`` reads as a subtraction."""
+    if low < 0:
+        return f"from {_show(low, unit)} to {_show(high, unit)}"
+    return f"{_show(low, unit, False, scale_of=high)}–{_show(high, unit)}"
 
 
 def _spread(values: Sequence[float]) -> tuple[float, float]:

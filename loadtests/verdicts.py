@@ -26,7 +26,7 @@ if not __package__:  # locust -f loadtests imports each file on its own, from an
     import _repo_path  # noqa: F401
 
 from loadtests import definitions
-from loadtests.instruments import Measurement
+from loadtests.instruments import Measurement, show_range
 
 #: The model's or the server's gain from which batching is worth its added latency at all ...
 PAYS_A_LITTLE = 1.2
@@ -44,18 +44,38 @@ class Incomparable(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """A claim's result: whether it holds, the word the result chose, the sentence to print."""
+    """A claim's result: whether it holds, the word the result chose, the sentence to print, and
+    the rule it decided by (``rule``), which a notebook states once rather than after every
+    verdict that applied it."""
 
     claim: str
     holds: bool
     word: str
     sentence: str
+    rule: str = ""
 
     def __bool__(self) -> bool:
         return self.holds
 
     def __str__(self) -> str:
         return self.sentence
+
+
+class Statements:
+    """How one notebook states its verdicts: each one's sentence, followed by its rule (in
+    brackets) the first time a verdict applies that rule, and never again: the reader has it
+    then, and a rule repeated after every verdict buries the verdicts."""
+
+    def __init__(self) -> None:
+        self._stated: set[str] = set()
+
+    def state(self, verdict: Verdict, text: str | None = None) -> str:
+        """``verdict``'s sentence (or ``text``, a caller's wording of it), with its rule if new."""
+        text = verdict.sentence if text is None else text
+        if not verdict.rule or verdict.rule in self._stated:
+            return text
+        self._stated.add(verdict.rule)
+        return f"{text} ({verdict.rule})"
 
 
 def comparable(a: Measurement, b: Measurement, *, same_quantity: bool = True,
@@ -206,10 +226,8 @@ def indistinguishable(a: Measurement, b: Measurement, setting: str = "policy") -
     names = ((a.model, b.model) if a.model != b.model else
              (f"{a.model} under {setting_label(a)}", f"under {setting_label(b)}"))
     return Verdict("the settings are indistinguishable", holds, word,
-                   f"{names[0]} and {names[1]} are {word} {load}: p99 {a.value * 1e3:.0f} ms "
-                   f"({a.spread[0] * 1e3:.0f}–{a.spread[1] * 1e3:.0f} over {_repeats(a)}) against "
-                   f"{b.value * 1e3:.0f} ms ({b.spread[0] * 1e3:.0f}–{b.spread[1] * 1e3:.0f} over {_repeats(b)}); "
-                   + (f"{_why_not_apart(a, b)}; " if holds else "") + _TOLD_APART_RULE)
+                   f"{names[0]} and {names[1]} are {word} {load}: p99 {_value(a)} against {_value(b)}"
+                   + (f"; {_why_not_apart(a, b)}." if holds else "."), TOLD_APART_RULE)
 
 
 def _repeats(record: Measurement) -> str:
@@ -239,11 +257,11 @@ def _why_not_apart(a: Measurement, b: Measurement) -> str:
             f"alone {chance:.1%} of the time, above {definitions.CHANCE_LEVEL:.0%}")
 
 
-#: How every verdict that ranks two settings says what :func:`_told_apart` asks.
-_TOLD_APART_RULE = (f"told apart only when the values differ by more than the noise band "
-                    f"({definitions.NOISE_BAND:.0%}) and the ranges miss each other by more than it too, or "
-                    f"over enough repeats that chance alone would part them at most "
-                    f"{definitions.CHANCE_LEVEL:.0%} of the time.")
+#: How every verdict that ranks two records says what :func:`_told_apart` asks (its ``rule``).
+TOLD_APART_RULE = (f"Two measurements are told apart only when their values differ by more than the noise band "
+                   f"({definitions.NOISE_BAND:.0%}) and their ranges over the repeats miss each other by more "
+                   f"than it too, or over enough repeats that chance alone would part them at most "
+                   f"{definitions.CHANCE_LEVEL:.0%} of the time.")
 
 
 def wait_saved(greedy: Measurement, waiting: Measurement) -> Verdict:
@@ -331,7 +349,7 @@ def passes_on(served: Measurement, model_gain: Measurement) -> Verdict:
     return Verdict("the server passes the model's gain on", word != "ate part of", word,
                    f"Through the server {served.model} gained {served.value:.2f}× (served gain) against "
                    f"{model_gain.value:.2f}× in process over the measured t(1), at MAX_BATCH_SIZE {b}: "
-                   f"the server {word} the model's gain ({off:+.0%}), {why}")
+                   f"the server {word} the model's gain ({off:+.0%}), {why}", TOLD_APART_RULE)
 
 
 def _exceeds(a: float, b: float) -> bool:
@@ -359,8 +377,8 @@ def larger_share_gains_more(share_big: Measurement, speedup_big: Measurement,
     comparable(speedup_big, speedup_small)
     big, small = share_big.model, share_small.model
     overlap = definitions.indistinguishable(share_big.spread, share_small.spread)
-    shares = (f"fixed share {share_big.value:.0%} ({_percents(share_big.spread)}) against "
-              f"{share_small.value:.0%} ({_percents(share_small.spread)})")
+    shares = (f"fixed share {share_big.value:.0%} ({show_range(*share_big.spread, 'share')}) against "
+              f"{share_small.value:.0%} ({show_range(*share_small.spread, 'share')})")
     gains = f"per-row speedup {speedup_big.value:.2f}× against {speedup_small.value:.2f}×"
     band = f"noise band {definitions.NOISE_BAND:.0%}" + (
         "; the shares' ranges over the passes overlap, so only their medians rank them" if overlap else "")
@@ -372,10 +390,6 @@ def larger_share_gains_more(share_big: Measurement, speedup_big: Measurement,
         sentence = (f"{big}, with the larger fixed share ({shares} for {small}), {word} from a batch than "
                     f"{small} at MAX_BATCH_SIZE {speedup_big.where.get('max_batch_size', '?')}: {gains} ({band}).")
     return Verdict("the larger fixed share gains more", word == "gained more", word, sentence)
-
-
-def _percents(spread: tuple[float, float]) -> str:
-    return f"from {spread[0]:.0%} to {spread[1]:.0%}" if spread[0] < 0 else f"{spread[0]:.0%}–{spread[1]:.0%}"
 
 
 def grows_with_padded_tokens(fewer_rows: Measurement, more_rows: Measurement,
@@ -476,7 +490,7 @@ def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s:
         word = "cannot choose between"
         head = (f"For a p99 budget of {budget_s * 1e3:.0f} ms we {word} {pick.where[setting]} and "
                 + ", ".join(r.where[setting] for r in tied) + ": their best throughputs cannot be told apart "
-                "over the repeats (" + _TOLD_APART_RULE[:-1] + ")")
+                f"over the repeats ({_why_not_apart(pick, tied[0])})")
     else:
         word = "pick"
         head = f"For a p99 budget of {budget_s * 1e3:.0f} ms, {word} {pick.where[setting]}"
@@ -491,7 +505,7 @@ def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s:
         if definitions.agree(closest.value, budget_s):
             sentence += (f" The p99 of {name}, {closest.value * 1e3:.0f} ms, missed it by {closest.value / budget_s - 1:.0%}, "
                          f"within the noise band ({definitions.NOISE_BAND:.0%}): a re-run may let it in.")
-    return Verdict("one setting serves the most within the p99 budget", not tied, word, sentence)
+    return Verdict("one setting serves the most within the p99 budget", not tied, word, sentence, TOLD_APART_RULE)
 
 
 def pads_less(candidate: Measurement, baseline: Measurement, setting: str = "batching") -> Verdict:
@@ -515,7 +529,7 @@ def pads_less(candidate: Measurement, baseline: Measurement, setting: str = "bat
                    f"{baseline.where[setting]}: padding efficiency {candidate.value:.2f} "
                    f"({candidate.spread[0]:.2f}–{candidate.spread[1]:.2f} over {_repeats(candidate)}) against "
                    f"{baseline.value:.2f} ({baseline.spread[0]:.2f}–{baseline.spread[1]:.2f} over "
-                   f"{_repeats(baseline)}), real tokens over the padded tokens the model ran; " + _TOLD_APART_RULE)
+                   f"{_repeats(baseline)}), real tokens over the padded tokens the model ran.", TOLD_APART_RULE)
 
 # -- a batching runner alone (notebooks 02 and 03) -------------------------------------------------
 
@@ -985,16 +999,9 @@ def neighbour_gains(beside_greedy: Measurement, beside_waiting: Measurement) -> 
     word = "finished sooner" if holds else "finished later" if apart else "could not be told apart"
     return Verdict("a neighbour's wait is this model's gain", holds, word,
                    f"Beside a waiting neighbour, {beside_greedy.model}'s median request {word}: p50 "
-                   f"{beside_greedy.value * 1e3:.0f} ms beside a greedy one "
-                   f"({_spread_ms(beside_greedy)}), {beside_waiting.value * 1e3:.0f} ms beside a waiting one "
-                   f"({_spread_ms(beside_waiting)})"
+                   f"{_value(beside_greedy)} beside a greedy one, {_value(beside_waiting)} beside a waiting one"
                    + (f"; {_why_not_apart(beside_greedy, beside_waiting)}." if not apart else
-                      f"; noise band {definitions.NOISE_BAND:.0%}."))
-
-
-def _spread_ms(record: Measurement) -> str:
-    return (f"{record.spread[0] * 1e3:.0f}–{record.spread[1] * 1e3:.0f} over {_repeats(record)}"
-            if record.repeats > 1 else "one repeat")
+                      f"; noise band {definitions.NOISE_BAND:.0%}."), TOLD_APART_RULE)
 
 
 def core_feeds(t_http: Measurement, ceiling: Measurement) -> Verdict:
@@ -1043,7 +1050,7 @@ def compared(a: Measurement, b: Measurement, a_is: str, b_is: str) -> Verdict:
     return Verdict("the two cannot be told apart", same, word,
                    f"{a.quantity} {a_is}: {_value(a)}, {word} {b_is}: {_value(b)}; "
                    f"{a.value / b.value:.2f}×, the larger {max(a.value, b.value) / min(a.value, b.value) - 1:.0%} "
-                   f"above the smaller (noise band {definitions.NOISE_BAND:.0%}).")
+                   f"above the smaller (noise band {definitions.NOISE_BAND:.0%}).", TOLD_APART_RULE)
 
 
 def _value(record: Measurement) -> str:
@@ -1145,15 +1152,15 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
               + (", and the default with it." if default in near else ".") if near else "")
     if len(tied) == 1:
         return Verdict("the data choose one setting", True, "run",
-                       f"For {budget}, run: {tied[0]} ({evidence}).{caveat}")
+                       f"For {budget}, run: {tied[0]} ({evidence}).{caveat}", TOLD_APART_RULE)
     cannot = f"For {budget} this sweep cannot choose between {_and(tied)}"
     if default not in tied:
         return Verdict("the data choose one setting", False, "cannot choose between",
-                       f"{cannot} ({evidence}).{caveat}")
+                       f"{cannot} ({evidence}).{caveat}", TOLD_APART_RULE)
     order = "most served first" if ranked else "no load above to rank them"
     return Verdict("the data choose one setting", True, "run the default",
                    f"{cannot}; the default breaks the tie, so run the default: {default} ({evidence}; "
-                   f"tied, {order}: {', '.join(tied)}).{caveat}")
+                   f"tied, {order}: {', '.join(tied)}).{caveat}", TOLD_APART_RULE)
 
 
 def faulting_slows(faulted: Sequence[tuple[int, float, float]]) -> Verdict:

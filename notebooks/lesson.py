@@ -82,14 +82,17 @@ def claim(holds, text: str | None = None) -> None:
     ``holds`` is a bool with its ``text``, or a ``verdicts.Verdict`` (its sentence is the text).
     """
     if isinstance(holds, verdicts.Verdict):
-        holds, text = holds.holds, text or holds.sentence
+        holds, text = holds.holds, _statements.state(holds, text)
     assert holds, f"this run contradicts the lesson's claim: {text}"
     say(f"✔ {text}")
 
 
 def report(verdict) -> None:
     """State a ``verdicts.Verdict`` whichever way it went (what the reader's machine decides)."""
-    say(verdict.sentence)
+    say(_statements.state(verdict))
+
+
+_statements = verdicts.Statements()   # this notebook's: each rule stated once
 
 
 def record(notebook: str, *measurements) -> None:

@@ -300,7 +300,7 @@ def share_and_speedup(model: str, share: float, speedup: float, b: int = 16):
 def test_the_larger_share_gains_more():
     verdict = verdicts.larger_share_gains_more(*share_and_speedup("resnet18", 0.78, 3.63),
                                                *share_and_speedup("small CNN", 0.22, 1.14))
-    assert verdict.holds and verdict.word == "gained more" and "78% (78%–78%) against 22% (22%–22%)" in verdict.sentence
+    assert verdict.holds and verdict.word == "gained more" and "78% (78–78%) against 22% (22–22%)" in verdict.sentence
     assert "overlap" not in verdict.sentence
     # a small model whose fitted F came out negative has a share below 0: still the smaller one
     assert verdicts.larger_share_gains_more(*share_and_speedup("resnet18", 0.78, 3.63),
@@ -314,7 +314,7 @@ def test_shares_whose_ranges_overlap_are_said_to_be_ranked_by_their_medians_only
     small = measurement("fixed share", "small-cnn", 0.52, "share", (-0.04, 0.75), 7, {"clock": "wall", "threads": 1})
     verdict = verdicts.larger_share_gains_more(big, share_and_speedup("resnet18", 0.72, 2.23)[1],
                                                small, share_and_speedup("small-cnn", 0.52, 1.12)[1])
-    assert verdict.holds and "72% (70%–73%) against 52% (from -4% to 75%)" in verdict.sentence
+    assert verdict.holds and "72% (70–73%) against 52% (from -4% to 75%)" in verdict.sentence
     assert "ranges over the passes overlap, so only their medians rank them" in verdict.sentence
 
 
@@ -419,7 +419,9 @@ def test_throughputs_a_narrow_gap_apart_over_two_repeats_cannot_be_told_apart():
     """85 (81–89) against 70 (67–74) texts/s, two repeats each: the ranges miss each other, but
     by 10 %, inside the noise band, and two against two part so one time in three by chance."""
     narrow = verdicts.pick_for_p99_budget([text_point("rows", 4, 70, 70), text_point("tokens", 4, 85, 60)], 0.1)
-    assert not narrow.holds and narrow.word == "cannot choose between" and "1%" in narrow.sentence
+    assert not narrow.holds and narrow.word == "cannot choose between"
+    assert "miss each other by 10%, inside the noise band (15%), and 2 repeats against 2" in narrow.sentence
+    assert narrow.rule == verdicts.TOLD_APART_RULE
 
 
 def test_overlapping_throughputs_cannot_be_told_apart():
@@ -1099,3 +1101,32 @@ def test_two_settings_of_one_model_are_named_by_their_settings():
     """07's run printed "resnet18 and resnet18 are indistinguishable": one model, two settings."""
     verdict = verdicts.indistinguishable(p99("resnet18", 120, 130, 38, "timer", 50), p99("resnet18", 72, 150, 38))
     assert verdict.sentence.startswith("resnet18 under timer 16 / 50 ms and under greedy 16 are not told apart")
+
+
+def test_a_notebook_states_the_told_apart_rule_once():
+    """Notebook 14 printed the told-apart rule after each of its five p99 verdicts. A verdict
+    that ranks by it carries it apart from its sentence, and a notebook's statements add it to
+    the first such verdict only; a verdict that ranks by nothing else has no rule to state."""
+    statements = verdicts.Statements()
+    first = verdicts.indistinguishable(p99("a", 44, 52, 88), p99("b", 46, 50, 88))
+    second = verdicts.indistinguishable(p99("a", 30, 33, 88), p99("b", 46, 50, 88))
+    plain = verdicts.fills_by_itself(capacity(16.0))
+    assert verdicts.TOLD_APART_RULE not in first.sentence and verdicts.TOLD_APART_RULE not in second.sentence
+    assert statements.state(plain) == plain.sentence and plain.rule == ""
+    assert statements.state(first) == f"{first.sentence} ({verdicts.TOLD_APART_RULE})"
+    assert statements.state(second) == second.sentence
+    assert statements.state(first, "in other words") == "in other words"
+    assert verdicts.Statements().state(second) == f"{second.sentence} ({verdicts.TOLD_APART_RULE})"
+
+
+@pytest.mark.parametrize("name", ["passes on", "indistinguishable", "pads less", "p99 budget", "choose setting"])
+def test_every_verdict_that_ranks_two_records_carries_the_rule_it_ranked_by(name):
+    holding, failing = (make() for make in CASES[name])
+    assert holding.rule == failing.rule == verdicts.TOLD_APART_RULE
+    slow = measurement("t_http", "sim", 260e-6, "s", (247e-6, 268e-6), 3, {"clock": "cpu"})
+    assert verdicts.compared(slow, slow, "a", "b").rule == verdicts.TOLD_APART_RULE
+
+
+def test_a_neighbours_p50s_print_as_every_compared_value_does():
+    verdict = verdicts.neighbour_gains(point("p50", 0.185, model="b"), point("p50", 0.125, model="b"))
+    assert "p50 185 ms beside a greedy one, 125 ms beside a waiting one" in verdict.sentence
