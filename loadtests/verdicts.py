@@ -494,7 +494,8 @@ def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s:
     else:
         word = "pick"
         head = f"For a p99 budget of {budget_s * 1e3:.0f} ms, {word} {pick.where[setting]}"
-    sentence = head + f" (best within the budget: {listing})"
+    within = "best within the budget" if len(ranked) > 1 else "the only setting within the budget"
+    sentence = head + f" ({within}: {listing})"
     sentence += (f"; not within it at that load: {', '.join(missed)}." if missed else ".")
     near = best[pick.where[setting]][1].value
     if definitions.agree(near, budget_s):

@@ -1130,3 +1130,11 @@ def test_every_verdict_that_ranks_two_records_carries_the_rule_it_ranked_by(name
 def test_a_neighbours_p50s_print_as_every_compared_value_does():
     verdict = verdicts.neighbour_gains(point("p50", 0.185, model="b"), point("p50", 0.125, model="b"))
     assert "p50 185 ms beside a greedy one, 125 ms beside a waiting one" in verdict.sentence
+
+
+def test_a_lone_setting_within_the_budget_is_not_called_the_best():
+    """14's run: "pick none (best within the budget: none 39.3 texts/s …)" with no other setting within it."""
+    lone = verdicts.pick_for_p99_budget([text_point("none", 16, 41, 559), text_point("rows", 16, 21, 995)], 0.6)
+    assert lone.holds and "(the only setting within the budget: none 41.0 texts/s" in lone.sentence
+    two = verdicts.pick_for_p99_budget([text_point("none", 16, 41, 559), text_point("rows", 16, 21, 500)], 0.6)
+    assert "(best within the budget: none 41.0 texts/s" in two.sentence
