@@ -25,6 +25,12 @@ formed, the round-trip per request at 1 user, and the engine's CPU time per requ
 window). The summary gives the ratio ``bodies ÷ rows`` of engine CPU per request at 32
 users, both measured in this run: what decoding in the workers saves the engine.
 
+Last, the channel's own cost per request, without processes: a burst of ``BURST`` one-row
+invocations and their answers, encoded and read back (``engine.channel``) as one message per
+request and as the one gathered message per kind that a turn of the loop sends. Unlike the
+windows above, which move by a tenth from one run to the next on a shared machine, this
+isolates what gathering saves each end.
+
 Usage: python bench/engine_cpu.py [--seconds 4]; ``MMSERVER_QUICK=1`` shrinks it.
 """
 
@@ -37,13 +43,16 @@ import json
 import os
 import tempfile
 import time
+import timeit
 from pathlib import Path
 
 import numpy as np
 import psutil
 
 from mmserver.config import Settings
+from mmserver.engine.channel import _encoded, _messages
 from mmserver.engine.client import EngineService
+from mmserver.engine.messages import Rows, RowsResult
 from mmserver.engine.spawn import spawn_engine, wait_ready
 from mmserver.harness.simulated_device import write_model_folder
 from mmserver.http.local import LocalService
@@ -61,6 +70,10 @@ USERS = (1, 32)
 CONNECTIONS = 2
 #: Before each window, the users run this long untimed (connections, caches, the sizer).
 WARMUP_SECONDS = 1.0
+#: Invocations a turn of a worker's loop sends at 32 users over two connections (about half).
+BURST = 16
+#: Bursts timed in the channel's own measurement (its best of five repeats).
+CHANNEL_BURSTS = 2_000
 #: The goal the issue sets for the engine's CPU per request on a 2-core machine, in µs.
 GOAL_ENGINE_US = 30.0
 #: The ``bodies`` folder's decoder: the default JSON decoding, but the model's own code.
@@ -202,6 +215,38 @@ def main() -> None:
         engine.terminate()
         engine.join(30)
     report(windows, len(cores))
+    report_channel(channel_costs())
+
+
+def channel_costs() -> dict[str, float]:
+    """µs per request to encode and read back a burst's ``Rows`` and ``RowsResult``, one
+    message per request (``single``) and gathered into one message per kind (``gathered``):
+    the best of five repeats of :data:`CHANNEL_BURSTS` bursts each."""
+    row = np.linspace(-1, 1, FEATURES, dtype=np.float32)[None]
+    answer = row[:, :4]
+    invocations = [(n, "rows", 1, ("inline", (row + n).tobytes(), "torch.float32", row.shape))
+                   for n in range(BURST)]
+    answers = [(n, ("inline", (answer + n).tobytes(), "torch.float32", answer.shape), None,
+                0.0021, 0.0034) for n in range(BURST)]
+
+    def crossing(gathered: bool) -> None:
+        for kind, items in ((Rows, invocations), (RowsResult, answers)):
+            groups = [items] if gathered else [[item] for item in items]
+            data = b"".join(part for group in groups for part in _encoded(kind(tuple(group))))
+            _messages(data)
+
+    costs = {}
+    for name, gathered in (("single", False), ("gathered", True)):
+        seconds = min(timeit.repeat(lambda: crossing(gathered), number=CHANNEL_BURSTS, repeat=5))
+        costs[name] = 1e6 * seconds / (CHANNEL_BURSTS * BURST)
+    return costs
+
+
+def report_channel(costs: dict[str, float]) -> None:
+    print(f"\nthe channel alone, a burst of {BURST} one-row requests and their answers encoded and "
+          f"read back: {costs['single']:.2f} µs per request as one message each, "
+          f"{costs['gathered']:.2f} µs gathered into one message per kind "
+          f"({costs['gathered'] / costs['single']:.2f}x), both ends together")
 
 
 def report(windows: list[Window], cores: int) -> None:

@@ -19,6 +19,7 @@ from typing import Protocol
 import pytest
 import torch
 
+from mmserver.engine import channel as channel_module
 from mmserver.engine.channel import Channel
 from mmserver.config import Settings
 from mmserver.engine.client import EngineService
@@ -50,21 +51,27 @@ from mmserver.wires import ToolkitHeaders
 #: One message of every kind, with fields as the engine and the workers fill them.
 EXAMPLES = [
     Ask(7, "invoke", ("affine", ToolkitHeaders("application/json", None), b"[[1.0]]")),
-    Rows(8, "affine", 3, ("shared", 4096, "torch.float32", (1, 3))),
+    Rows(((8, "affine", 3, ("shared", 4096, "torch.float32", (1, 3))),
+          (11, "affine", 3, ("inline", b"\x00" * 12, "torch.float32", (1, 3))))),
     Cancel(8),
     Free((4096, 8192)),
     Count((("affine", 200, 0.0125, None), ("affine", 503, 0.001, "queue_full"))),
     Refused("affine"),
     Stages((("affine", 0.004, 0.001, 0.0005, 0.002, 0.0003),)),
     Result(7, {"modelName": "affine", "status": "ready"}),
-    RowsResult(8, ("inline", b"\x00" * 12, "torch.float32", (1, 3)), None),
-    RowsResult(8, ("shared", 4096, "torch.float32", (1, 3)), 4096, 0.0021, 0.0034),
+    RowsResult(((8, ("inline", b"\x00" * 12, "torch.float32", (1, 3)), None, 0.0, 0.0),
+                (11, ("shared", 4096, "torch.float32", (1, 3)), 4096, 0.0021, 0.0034))),
     Failed(9, ModelNotFound("model 'x' is not loaded")),
     Failed(10, None),
     Changed("affine"),
     Admission("affine", QueueFull("the queue of model 'affine' is full")),
     Admission("affine", None),
 ]
+
+
+#: What gathering adds to a message of one item: the tuple around the items (its mark,
+#: its end and the pickle's memo of it).
+GATHERED_BYTES = 4
 
 
 def _crossed(message):
@@ -85,20 +92,34 @@ def test_every_kind_crosses_as_itself_with_its_fields():
 
 
 def test_a_message_crosses_compactly():
-    """No class names on the wire: each message of the hot path is no larger than a bare
-    tuple tagged with its name, and a few dozen bytes (70, and 9 more for each float beyond
-    the first: a rows answer carries its queue and call seconds)."""
+    """No class names on the wire: each message of the hot path, gathered from one item, is
+    no larger than a bare tuple tagged with its name and a few dozen bytes (70, and 9 more
+    for each float beyond the first: a rows answer carries its queue and call seconds), plus
+    :data:`GATHERED_BYTES` for the tuple that holds a turn's items."""
     descriptor = ("shared", 4096, "torch.float32", (1, 16))
     for message, bare, cap in [
-            (Rows(123456, "affine", 3, descriptor), ("rows", 123456, "affine", 3, descriptor),
-             70),
-            (RowsResult(123456, descriptor, 4096, 0.0021, 0.0034),
+            (Rows(((123456, "affine", 3, descriptor),)),
+             ("rows", 123456, "affine", 3, descriptor), 70),
+            (RowsResult(((123456, descriptor, 4096, 0.0021, 0.0034),)),
              (123456, True, (descriptor, 4096, 0.0021, 0.0034)), 70 + 2 * 9),
             (Free((4096,)), ("free", 4096), 70),
             (Count((("affine", 200, 0.0125, None),)), ("count", "affine", 200, 0.0125, None),
              70)]:
         size = len(pickle.dumps(encode(message), pickle.HIGHEST_PROTOCOL))
-        assert size <= min(cap, len(pickle.dumps(bare, pickle.HIGHEST_PROTOCOL))), message
+        assert size <= min(cap, len(pickle.dumps(bare, pickle.HIGHEST_PROTOCOL))) \
+            + GATHERED_BYTES, message
+
+
+def test_a_burst_gathered_into_one_message_costs_less_per_request():
+    """Sixteen rows in one message take fewer bytes per request than one alone (the model's
+    name and the descriptor's words are written once), and one pickle to read, not 16."""
+    def invocation(n):
+        return (n, "affine", 3, ("inline", bytes([n]) * 64, "torch.float32", (1, 16)))
+
+    one = len(pickle.dumps(encode(Rows((invocation(0),))), pickle.HIGHEST_PROTOCOL))
+    burst = len(pickle.dumps(encode(Rows(tuple(invocation(n) for n in range(16)))),
+                             pickle.HIGHEST_PROTOCOL))
+    assert burst / 16 < one - 20, (one, burst / 16)
 
 
 @pytest.mark.parametrize("value", [
@@ -217,6 +238,44 @@ def test_notices_gathered_in_one_turn_leave_as_one_message_each_kind():
         left.gather(Free, 192)  # a later turn, a message of its own
         await _until(lambda: len(right_got) == 4)
         assert right_got[3] == Free((192,))
+        left.close()
+        right.close()
+
+    asyncio.run(run())
+
+
+def test_a_gathered_message_keeps_the_place_of_its_first_item():
+    """A ``Cancel`` sent after its request's ``Rows`` was gathered leaves after it, so the
+    engine never reads a cancel before the rows it cancels."""
+    descriptor = ("inline", b"\x00" * 4, "torch.float32", (1, 1))
+
+    async def run():
+        left, right, _, right_got = await _pair()
+        left.gather(Rows, (1, "affine", 3, descriptor))
+        left.send(Cancel(1))
+        left.gather(Rows, (2, "affine", 3, descriptor))
+        await _until(lambda: len(right_got) == 2)
+        assert right_got == [Rows(((1, "affine", 3, descriptor), (2, "affine", 3, descriptor))),
+                             Cancel(1)]
+        left.close()
+        right.close()
+
+    asyncio.run(run())
+
+
+def test_a_burst_gathered_past_the_channels_limit_leaves_one_message_per_item(monkeypatch):
+    """Large tensors inline (an arena with no room) can make a turn's gathered rows longer
+    than one message may be: they then cross one per message, none lost."""
+    monkeypatch.setattr(channel_module, "MAX_MESSAGE_BYTES", 200)
+    rows = [(n, "affine", 3, ("inline", bytes([n]) * 80, "torch.float32", (1, 20)))
+            for n in range(3)]  # 151 bytes as one message each, 3 x 80 bytes together
+
+    async def run():
+        left, right, _, right_got = await _pair()
+        for invocation in rows:
+            left.gather(Rows, invocation)
+        await _until(lambda: len(right_got) == 3)
+        assert right_got == [Rows((invocation,)) for invocation in rows]
         left.close()
         right.close()
 

@@ -61,44 +61,45 @@ class Channel(asyncio.Protocol):
         self.lost: asyncio.Future = asyncio.get_running_loop().create_future()
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
-        self._pending: list[bytes] = []
-        #: Per kind, the items :meth:`gather` queued this turn.
+        #: What leaves at the end of this turn, in order: encoded messages (their length
+        #: and bytes), and for each gathered kind, ``(kind, items)`` where its first item
+        #: was gathered.
+        self._pending: list[bytes | tuple[type, list]] = []
+        #: Per kind, the items :meth:`gather` queued this turn (also in ``_pending``).
         self._gathered: dict[type, list] = {}
 
     # -- sending ---------------------------------------------------------------------------
 
     def send(self, message: Any) -> None:
         """Queue ``message``; it leaves with the others sent in this turn of the loop."""
-        if not self._pending and not self._gathered:
+        if not self._pending:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._queue(message)
+        self._pending.extend(_encoded(message))
 
     def gather(self, kind: type, item: Any) -> None:
         """Queue ``item`` for the one ``kind(items)`` message that leaves at the end of this
-        turn: notices a burst of answers makes (``Free``, ``Count``) cost the peer one
-        message to read, not one each."""
+        turn, in the place of the turn's first such item: a burst of requests, of their
+        answers or of notices (``Rows``, ``RowsResult``, ``Free``, ``Count``) costs each end
+        one message to encode, read and dispatch, not one each. A message sent after an item
+        was gathered leaves after it (a ``Cancel`` after its ``Rows``)."""
         items = self._gathered.get(kind)
         if items is None:
-            if not self._pending and not self._gathered:
+            if not self._pending:
                 asyncio.get_running_loop().call_soon(self._flush)
             items = self._gathered[kind] = []
+            self._pending.append((kind, items))
         items.append(item)
 
-    def _queue(self, message: Any) -> None:
-        data = pickle.dumps(encode(message), protocol=pickle.HIGHEST_PROTOCOL)
-        if len(data) >= MAX_MESSAGE_BYTES:
-            raise ValueError(f"a message of {len(data)} bytes is over the channel's limit")
-        self._pending.append(_LENGTH.pack(len(data)))
-        self._pending.append(data)
-
     def _flush(self) -> None:
-        if self._gathered:
-            gathered, self._gathered = self._gathered, {}
-            for kind, items in gathered.items():
-                self._queue(kind(tuple(items)))
-        pending, self._pending = self._pending, []
-        if pending and self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines(pending)
+        pending, self._pending, self._gathered = self._pending, [], {}
+        data: list[bytes] = []
+        for entry in pending:
+            if type(entry) is tuple:
+                data.extend(_gathered(*entry))
+            else:
+                data.append(entry)
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines(data)
 
     def close(self) -> None:
         self._flush()
@@ -138,6 +139,23 @@ class Channel(asyncio.Protocol):
                 arena.close()
         if not self.lost.done():
             self.lost.set_result(None)
+
+
+def _encoded(message: Any) -> tuple[bytes, bytes]:
+    """``message`` as it crosses: its pickle's length, then the pickle."""
+    data = pickle.dumps(encode(message), protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) >= MAX_MESSAGE_BYTES:
+        raise ValueError(f"a message of {len(data)} bytes is over the channel's limit")
+    return _LENGTH.pack(len(data)), data
+
+
+def _gathered(kind: type, items: list) -> list[bytes]:
+    """``kind(items)`` as it crosses; past the channel's limit (large tensors inline, the
+    arena full), one message per item, each bounded by the payload limit."""
+    try:
+        return list(_encoded(kind(tuple(items))))
+    except ValueError:
+        return [data for item in items for data in _encoded(kind((item,)))]
 
 
 def _messages(data: bytes | bytearray) -> tuple[list, int]:

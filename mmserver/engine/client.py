@@ -11,7 +11,8 @@ once per load): the worker refuses what the engine's admission would (the queue 
 the engine's last notice), reads and bounds the body (413, 408), decodes it, writes the
 rows into the connection's shared memory (``shared``) and sends the engine a ``Rows``
 message of a few dozen bytes; the answer's rows come back the same way, and the worker
-encodes them. Every other invocation (a script's ``input_fn``/``output_fn``, or a model
+encodes them. The ``Rows`` of one turn of the worker's loop leave as one message, and the
+engine answers a turn's rows in one ``RowsResult``. Every other invocation (a script's ``input_fn``/``output_fn``, or a model
 that is not row-wise) sends the body whole and runs in the engine, where the user's code
 lives with its model, as MMS and TorchServe run it.
 
@@ -234,12 +235,12 @@ class EngineService:
             waiting.set_result(message.value)
 
     def _rows_result(self, message: RowsResult) -> None:
-        waiting = self._answered(message.request_id)
-        if waiting is not None:
-            waiting.set_result((message.descriptor, message.region, message.queue_seconds,
-                                message.infer_seconds))
-        elif message.region is not None:  # nobody reads the answer's rows
-            self._channel.gather(Free, message.region)
+        for request_id, descriptor, region, queue_seconds, infer_seconds in message.answers:
+            waiting = self._answered(request_id)
+            if waiting is not None:
+                waiting.set_result((descriptor, region, queue_seconds, infer_seconds))
+            elif region is not None:  # nobody reads the answer's rows
+                self._channel.gather(Free, region)
 
     def _failed(self, message: Failed) -> None:
         waiting = self._answered(message.request_id)
@@ -339,7 +340,7 @@ class EngineService:
             del self._waiting[request_id]
             raise
         self._rows_sent[request_id] = region
-        channel.send(Rows(request_id, name, generation, descriptor))
+        channel.gather(Rows, (request_id, name, generation, descriptor))
         timer = asyncio.get_running_loop().call_at(deadline + ANSWER_GRACE_SECONDS, _give_up,
                                                    waiting, name)
         try:

@@ -14,8 +14,10 @@ descriptor: where it lies in shared memory, or, when small (``shared.INLINE_MAX_
 bytes (``shared``).
 
 ``request_id`` numbers one worker's requests on its connection; each :class:`Ask` and
-each :class:`Rows` is answered exactly once, by a :class:`Result`, :class:`RowsResult` or
-:class:`Failed`, out of order.
+each invocation of a :class:`Rows` is answered exactly once, by a :class:`Result`, an
+answer in a :class:`RowsResult` or a :class:`Failed`, out of order. The kinds of the hot
+path (rows and their answers) and the notices are *gathered*: what one turn of a loop makes
+leaves as one message of the kind, whose field is a tuple of items.
 """
 
 from __future__ import annotations
@@ -50,13 +52,13 @@ class Ask:
 
 @dataclasses.dataclass(slots=True)
 class Rows:
-    """An invocation the worker decoded: its rows, in the requests' arena at ``descriptor``
-    (``shared.pack``), decoded with the codecs of the model's load ``generation``."""
+    """Invocations the worker decoded (those of one turn of its loop: ``Channel.gather``):
+    each ``(request_id, model name, generation, descriptor)``, its rows at ``descriptor``
+    (``shared.pack``: in the requests' arena, or inline), decoded with the codecs of the
+    model's load ``generation``. One message for a burst: the engine reads and dispatches
+    it once, not once per request."""
 
-    request_id: int
-    name: str
-    generation: int
-    descriptor: Any
+    invocations: tuple[tuple[int, str, int, Any], ...]
 
 
 @dataclasses.dataclass(slots=True)
@@ -113,23 +115,21 @@ class Result:
 
 @dataclasses.dataclass(slots=True)
 class RowsResult:
-    """A :class:`Rows`' answer: the answer's rows at ``descriptor`` in the answers' arena,
-    to be freed (:class:`Free`) at ``region`` once read (None: nothing lies there)."""
+    """Answers to :class:`Rows` (those of one turn of the engine's loop: ``Channel.gather``),
+    each ``(request_id, descriptor, region, queue_seconds, infer_seconds)``: the answer's
+    rows at ``descriptor`` in the answers' arena, to be freed (:class:`Free`) at ``region``
+    once read (None: nothing lies there), and the request's seconds in the queue and in its
+    model call (Triton's queue and compute_infer), which the worker adds to the stages it
+    timed itself."""
 
-    request_id: int
-    descriptor: Any
-    region: int | None
-    #: The request's seconds in the queue and in its model call (Triton's queue and
-    #: compute_infer), which the worker adds to the stages it timed itself.
-    queue_seconds: float = 0.0
-    infer_seconds: float = 0.0
+    answers: tuple[tuple[int, Any, int | None, float, float], ...]
 
 
 @dataclasses.dataclass(slots=True)
 class Failed:
-    """An :class:`Ask`'s or :class:`Rows`' failure: the domain error the worker raises (the
-    same status and body as one process), or None: the worker answers 500, and the cause
-    is in the engine's log."""
+    """An :class:`Ask`'s or a :class:`Rows` invocation's failure: the domain error the worker
+    raises (the same status and body as one process), or None: the worker answers 500, and
+    the cause is in the engine's log."""
 
     request_id: int
     error: MMServerError | None

@@ -1,8 +1,8 @@
 """The engine's side of its HTTP workers' connections: each worker's messages, answered.
 
 An ``Ask`` runs the operation it names (``dispatch_table``) as a task of its own; a
-``Rows`` message goes straight into the model's runner, its answer written from the
-request's own callback; ``Free``, ``Count``, ``Stages``, ``Refused`` and ``Cancel`` are
+``Rows`` message's invocations go straight into the model's runner, each answer gathered
+into the turn's one ``RowsResult`` from the request's own callback; ``Free``, ``Count``, ``Stages``, ``Refused`` and ``Cancel`` are
 notices. :class:`Workers` tells every connection what changed (a model loaded or
 unloaded, a runner that starts or stops refusing). ``engine.engine`` is the process
 around them.
@@ -104,12 +104,16 @@ class WorkerConnection:
             queued.withdraw()
 
     def _rows(self, message: Rows) -> None:
-        channel, request_id, name = self.channel, message.request_id, message.name
+        for request_id, name, generation, descriptor in message.invocations:
+            self._queue_rows(request_id, name, generation, descriptor)
+
+    def _queue_rows(self, request_id: int, name: str, generation: int, descriptor) -> None:
+        channel = self.channel
         try:
             model = self.service.serving(name)
-            if model.generation != message.generation:
+            if model.generation != generation:
                 raise CodecsChanged(f"model {name!r} was loaded again")
-            request = model.submit_rows(unpack(message.descriptor, channel.incoming, copy=True),
+            request = model.submit_rows(unpack(descriptor, channel.incoming, copy=True),
                                         self.service.pipeline)
         except MMServerError as error:
             channel.send(Failed(request_id, error))
@@ -140,9 +144,9 @@ class WorkerConnection:
                 channel.send(Failed(request_id, None))
             else:
                 queued = request.queued
-                channel.send(RowsResult(request_id, descriptor, region,
-                                        queued.started - queued.arrival,
-                                        queued.ended - queued.started))
+                channel.gather(RowsResult, (request_id, descriptor, region,
+                                            queued.started - queued.arrival,
+                                            queued.ended - queued.started))
             return
         if isinstance(error, InvocationTimeout):
             error = self.service.pipeline.timed_out(model.name)
