@@ -108,10 +108,14 @@ class Measurement:
         return dict(self.context)
 
     def describe(self) -> str:
-        """One line, e.g. ``t_http of noop: 131 µs (120–140 µs over 3 repeats; clock=...)``."""
+        """One line, e.g. ``t_http of noop: 131 µs (120–140 µs over 3 repeats; clock=...)``, or
+        ``(98% in each of 3 repeats; ...)`` when the range's two ends print the same."""
         text = f"{self.quantity} of {self.model}: {_show(self.value, self.unit)}"
-        if self.repeats > 1:
-            text += f" ({show_range(*self.spread, self.unit)} over {self.repeats} repeats"
+        low, high = self.spread
+        if self.repeats > 1 and _show(low, self.unit, scale_of=high) == _show(high, self.unit):
+            text += f" ({_show(high, self.unit)} in each of {self.repeats} repeats"
+        elif self.repeats > 1:
+            text += f" ({show_range(low, high, self.unit)} over {self.repeats} repeats"
         else:
             text += " (one repeat"
         details = [f"{k}={v}" for k, v in self.conditions + self.context]

@@ -87,11 +87,11 @@ def largest_bucket(counts: dict[float, float]) -> float:
 
 
 def largest_bin(counts: dict[float, float]) -> str:
-    """The histogram bin of the largest batch formed, as ``"lower-upper"`` rows."""
+    """The histogram bin of the largest batch formed, as ``"lower–upper"`` rows."""
     bounds = list(counts)
     k = max(i for i, b in enumerate(bounds) if counts[b] > 0)
     lower = bounds[k - 1] + 1 if k else 1
-    return f"{lower:.0f}-{bounds[k]:.0f}" if bounds[k] > lower else f"{bounds[k]:.0f}"
+    return f"{lower:.0f}–{bounds[k]:.0f}" if bounds[k] > lower else f"{bounds[k]:.0f}"
 
 
 @dataclasses.dataclass
@@ -215,7 +215,7 @@ def plot_loops(runs: dict[str, LocustRun], max_rows: int, users: int, stall_s: f
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     any_run = next(iter(runs.values()))
     bounds = [b for b in any_run.batches if b <= max_rows]
-    labels = [f"{int(lower) + 1}-{int(b)}" if b - lower > 1 else f"{int(b)}"
+    labels = [f"{int(lower) + 1}–{int(b)}" if b - lower > 1 else f"{int(b)}"
               for lower, b in zip([0.0, *bounds[:-1]], bounds)]
     x = np.arange(len(bounds))
     for k, (kind, run) in enumerate(runs.items()):

@@ -280,13 +280,19 @@ def _plain_log_ticks(axis) -> None:
     axis.set_minor_formatter(plain)
 
 
+def _p99_range(row: dict) -> str:
+    """A point's p99 over its repeats, as every printed range is written."""
+    from loadtests.instruments import show_range
+    return show_range(row["p99_min_ms"] / 1e3, row["p99_max_ms"] / 1e3, "s")
+
+
 def _bucket_labels(hist: dict) -> list[tuple[str, int]]:
-    """Prometheus upper bounds -> ranges: 1, 2, 3-4, 5-8, ..."""
+    """Prometheus upper bounds -> ranges: 1, 2, 3–4, 5–8, ..."""
     out, previous = [], 0
     for bound, count in sorted(((k, v) for k, v in hist.items() if k != "+Inf"),
                                key=lambda kv: float(kv[0])):
         upper = int(float(bound))
-        label = str(upper) if upper == previous + 1 else f"{previous + 1}-{upper}"
+        label = str(upper) if upper == previous + 1 else f"{previous + 1}–{upper}"
         out.append((label, count))
         previous = upper
     if hist.get("+Inf"):
@@ -580,8 +586,8 @@ def explain_recommendation(rows, budget_ms: float) -> str:
                   key=lambda r: r["p99_ms"])
     tied = tied_points(rows, budget_ms)
     higher = [x for x in _loads(rows) if x > load]
-    spread = (f" (range {pick['p99_min_ms']:g}-{pick['p99_max_ms']:g} ms over "
-              f"{pick['repeats']} repeats)" if pick.get("repeats", 1) > 1 else "")
+    spread = (f" (range {_p99_range(pick)} over {pick['repeats']} repeats)"
+              if pick.get("repeats", 1) > 1 else "")
     lines = [
         (f"For a p99 budget of {budget_ms:g} ms choose {setting_label(pick)} "
          f"(--policy {pick['policy']} --max-batch-size {pick['max_batch_size']} "
@@ -598,7 +604,7 @@ def explain_recommendation(rows, budget_ms: float) -> str:
         tied_keys = {config_key(r) for r in tied}
         lines.append("Within budget there as well: " + "; ".join(
             f"{setting_label(r)}: p99 {r['p99_ms']:g} ms"
-            + (f" ({r['p99_min_ms']:g}-{r['p99_max_ms']:g})" if r.get("repeats", 1) > 1 else "")
+            + (f" ({_p99_range(r)})" if r.get("repeats", 1) > 1 else "")
             + (", tied (step 3)" if config_key(r) in tied_keys else ", not tied: measurably slower")
             for r in others) + ".")
     if higher:

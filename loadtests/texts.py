@@ -43,8 +43,8 @@ def texts(count: int, long_fraction: float, seed: int = 0) -> list[str]:
 
 def describe_workload(long_fraction: float) -> str:
     """The workload's distribution in words, for the records' conditions and the prose."""
-    return (f"{1 - long_fraction:.0%} short ({SHORT_WORDS[0]}-{SHORT_WORDS[1]} words), "
-            f"{long_fraction:.0%} long ({LONG_WORDS[0]}-{LONG_WORDS[1]} words), uniform within each")
+    return (f"{1 - long_fraction:.0%} short ({SHORT_WORDS[0]}–{SHORT_WORDS[1]} words), "
+            f"{long_fraction:.0%} long ({LONG_WORDS[0]}–{LONG_WORDS[1]} words), uniform within each")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -637,15 +637,17 @@ def wait_costs(timer_p50: Measurement, greedy_p50: Measurement, max_wait_s: floa
                    f"waiting for company cost it {_ms(cost)}, {word} ({_ms(max_wait_s)}).")
 
 
-def kept_up(worst_p99: Measurement, bound_s: float) -> Verdict:
+def kept_up(worst_p99: Measurement, bound_s: float, bound_from: str = "") -> Verdict:
     """Whether a runner kept up with its load: its worst p99 over the rates stayed under
-    ``bound_s`` (a backlog that grew through the run would push it far past)."""
+    ``bound_s`` (a backlog that grew through the run would push it far past). ``bound_from``
+    says how the bound was worked out, printed beside it."""
     holds = worst_p99.value < bound_s
     word = "kept up" if holds else "fell behind"
     return Verdict("the runner kept up", holds, word,
                    f"`{worst_p99.model}` {word} at every rate: its worst {worst_p99.quantity}, "
                    f"{_ms(worst_p99.value)} at {worst_p99.where.get('offered_rps')} requests/s, "
-                   + ("stayed under" if holds else "went past") + f" {_ms(bound_s)}.")
+                   + ("stayed under" if holds else "went past") + f" {_ms(bound_s)}"
+                   + (f" ({bound_from})." if bound_from else "."))
 
 
 def shares_server_work(t_http_batched: Measurement, t_http_alone: Measurement) -> Verdict:
@@ -765,8 +767,8 @@ def wait_delays(greedy: Measurement, waiting: Measurement) -> Verdict:
 
 def share_bracket(share: tuple[float, float]) -> str:
     """A share's bracket as its histogram gives it, one number when both ends print the same."""
-    low, high = f"{share[0]:.1%}", f"{share[1]:.1%}"
-    return low if low == high else f"{low}-{high}"
+    low, high = f"{share[0] * 100:.1f}", f"{share[1]:.1%}"
+    return high if f"{low}%" == high else f"{low}–{high}"
 
 
 def batches_past_users(largest_batch: float, users: int, open_rps: float, closed_rps: float) -> Verdict:

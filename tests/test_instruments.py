@@ -412,6 +412,14 @@ def test_a_range_reads_in_its_high_ends_unit():
     assert "(0.0228–3.84 ms over 20 repeats" in record.describe(), record.describe()
 
 
+def test_a_range_whose_ends_print_the_same_is_one_value():
+    """08 printed "fixed share ...: 98% (98–98% over 3 repeats ...)"."""
+    share = instruments.measurement("fixed share", "m", 0.981, "share", (0.978, 0.983), 3)
+    assert "98% (98% in each of 3 repeats" in share.describe(), share.describe()
+    apart = instruments.measurement("fixed share", "m", 0.981, "share", (0.97, 0.983), 3)
+    assert "(97–98% over 3 repeats" in apart.describe(), apart.describe()
+
+
 def test_server_added_is_a_request_beyond_the_models_share():
     added = instruments.server_added(_capacity_record(320.0, 16, (300.0, 330.0)), _call_record(16, 0.040))
     assert added.value == pytest.approx(1 / 320 - 0.040 / 16) and added.model == "m"

@@ -10,6 +10,8 @@ figure, and all of them together carry at most ``MAX_FIGURES`` cited ones.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -165,3 +167,44 @@ def test_the_core_path_is_short_enough_to_finish():
     core = [p for p in NOTEBOOKS if "appendix" not in p.stem]
     words = sum(claims.markdown_words(p) for p in core)
     assert len(core) >= 5 and words <= CORE_MAX_WORDS, (len(core), words)
+
+
+# -- how a range is written ------------------------------------------------------------------------
+
+#: Two numbers joined by a hyphen: a range written as a subtraction ("3-4", "0.1%-1.0%",
+#: "5-20 words"). Names that carry numbers (resnet18-224, mmserver-nb12-) are not ranges.
+HYPHEN_RANGE = re.compile(r"(?<![\w.\-/:+])\d+(?:\.\d+)?%?-\d+(?:\.\d+)?%?(?![\w\-/.]*[A-Za-z_/])")
+
+
+def hyphen_ranges(text: str) -> list[str]:
+    return HYPHEN_RANGE.findall(text)
+
+
+def test_a_range_joined_by_a_hyphen_is_found_and_a_name_is_not():
+    assert hyphen_ranges("its largest fell in the 3-4 bin; 0.1%-1.0% of requests; (5-20 words)") == [
+        "3-4", "0.1%-1.0%", "5-20"]
+    assert hyphen_ranges("resnet18-224 in mmserver-nb12-x, 3–4 rows, 0.1–1.0%, t(b) = 20 ms - 3 ms") == []
+
+
+def printed_and_prose(notebook: Path) -> list[tuple[int, str]]:
+    """Each cell's markdown and the text its outputs printed, as a reader sees them."""
+    found = []
+    for number, cell in enumerate(json.loads(notebook.read_text())["cells"]):
+        if cell["cell_type"] == "markdown":
+            found.append((number, "".join(cell["source"])))
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream":
+                found.append((number, "".join(output["text"])))
+            for kind in ("text/markdown", "text/plain"):
+                if kind in output.get("data", {}):
+                    found.append((number, "".join(output["data"][kind])))
+    return found
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_range_a_notebook_prints_reads_as_a_range(notebook):
+    """A range is written as ``instruments.show_range`` writes it, with an en dash
+    (``3–4``, ``0.1–1.0%``); ``3-4`` reads as a subtraction."""
+    hyphens = [(cell, found) for cell, text in printed_and_prose(notebook)
+               for found in hyphen_ranges(text)]
+    assert not hyphens, hyphens

@@ -612,6 +612,8 @@ def test_kept_up_or_fell_behind():
     assert verdicts.kept_up(p50(0.076, "timer"), 0.304).holds
     behind = verdicts.kept_up(p50(0.9, "timer"), 0.304)
     assert not behind.holds and "fell behind" in behind.sentence
+    told = verdicts.kept_up(p50(0.076, "timer"), 0.304, "4 × (MAX_WAIT + a full call)")
+    assert told.sentence.endswith("stayed under 304.0 ms (4 × (MAX_WAIT + a full call)).")
 
 # -- notebook 04: t_http at two batch sizes, and greedy's max_wait over HTTP --------------------------
 

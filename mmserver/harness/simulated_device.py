@@ -248,7 +248,7 @@ class SimulatedDevice(torch.nn.Module):
         self.host_link_bytes_per_second = float(host_link_bytes_per_second)
         self.stream = stream
         what = getattr(self.batch_seconds, "description", "device with an explicit t(b)")
-        scaled = f", times x{self.time_scale:g}" if self.time_scale != 1 else ""
+        scaled = f", every time ×{self.time_scale:g}" if self.time_scale != 1 else ""
         self.label = f"simulated {what}{scaled}, not a real GPU"
         self._stream = _stream_lock(stream)
         self._stats_lock = threading.Lock()
