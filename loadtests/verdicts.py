@@ -1067,7 +1067,8 @@ def _value(record: Measurement) -> str:
     text = f"{record.value * scale:.{digits}f} {unit}"
     if record.repeats > 1:
         low, high = (f"{v * scale:.{digits}f}" for v in record.spread)
-        text += f" ({low}–{high} over {_repeats(record)})"
+        text += (f" ({high} in each of {_repeats(record)})" if low == high else
+                 f" ({low}–{high} over {_repeats(record)})")
     return text
 
 

@@ -1129,6 +1129,14 @@ def test_every_verdict_that_ranks_two_records_carries_the_rule_it_ranked_by(name
     assert verdicts.compared(slow, slow, "a", "b").rule == verdicts.TOLD_APART_RULE
 
 
+def test_a_range_whose_ends_print_the_same_is_written_once():
+    """08 printed "155 (155–155 over 3 repeats)"."""
+    same = measurement("t_http", "sim", 155.2e-6, "s", (154.8e-6, 155.4e-6), 3, {"clock": "cpu"})
+    apart = measurement("t_http", "sim", 164e-6, "s", (148e-6, 185e-6), 3, {"clock": "cpu"})
+    sentence = verdicts.compared(same, apart, "a", "b").sentence
+    assert "155 µs (155 in each of 3 repeats)" in sentence and "164 µs (148–185 over 3 repeats)" in sentence
+
+
 def test_a_neighbours_p50s_print_as_every_compared_value_does():
     verdict = verdicts.neighbour_gains(point("p50", 0.185, model="b"), point("p50", 0.125, model="b"))
     assert "p50 185 ms beside a greedy one, 125 ms beside a waiting one" in verdict.sentence
