@@ -287,5 +287,5 @@ def print_feeding(label: str, run: instruments.ServerRun, times: instruments.Cal
           f"batches of {run.mean_batch:4.1f} rows; calls as the server times them "
           f"{per_request.value * run.mean_batch * 1e3:.1f} ms (device t({b // 2}) {times.seconds(b // 2) * 1e3:.1f}, "
           f"t({b}) {times.seconds(b) * 1e3:.1f} ms) | server core "
-          f"{core.value:4.0%} | t_http {t_http.value * 1e6:4.0f} µs -> cores_to_feed "
+          f"{core.value:4.0%} | t_http {t_http.value * 1e6:4.0f} µs → cores_to_feed "
           f"{definitions.cores_to_feed(ceiling.value, t_http.value):.2f}")

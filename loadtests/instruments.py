@@ -111,15 +111,17 @@ class Measurement:
         """One line, e.g. ``t_http of noop: 131 µs (120–140 µs over 3 repeats; clock=...)``, or
         ``(98% in each of 3 repeats; ...)`` when the range's two ends print the same."""
         text = f"{self.quantity} of {self.model}: {_show(self.value, self.unit)}"
-        low, high = self.spread
-        if self.repeats > 1 and _show(low, self.unit, scale_of=high) == _show(high, self.unit):
-            text += f" ({_show(high, self.unit)} in each of {self.repeats} repeats"
-        elif self.repeats > 1:
-            text += f" ({show_range(low, high, self.unit)} over {self.repeats} repeats"
-        else:
-            text += " (one repeat"
+        text += f" ({self.spread_text()}" if self.repeats > 1 else " (one repeat"
         details = [f"{k}={v}" for k, v in self.conditions + self.context]
         return text + ("; " + ", ".join(details) if details else "") + ")"
+
+    def spread_text(self) -> str:
+        """The range over the repeats as every sentence writes it: ``120–140 µs over 3 repeats``,
+        or ``98% in each of 3 repeats`` when its two ends print the same."""
+        low, high = self.spread
+        if _show(low, self.unit, scale_of=high) == _show(high, self.unit):
+            return f"{_show(high, self.unit)} in each of {self.repeats} repeats"
+        return f"{show_range(low, high, self.unit)} over {self.repeats} repeats"
 
     def as_json(self) -> dict:
         return {"quantity": self.quantity, "model": self.model, "value": self.value, "unit": self.unit,
@@ -163,10 +165,16 @@ def _show(value: float, unit: str, with_unit: bool = True, scale_of: float | Non
 
 def show_range(low: float, high: float, unit: str) -> str:
     """A range as every printed sentence writes it: ``12–34%``, ``120–140 µs``, the unit once;
-    a range that crosses zero reads ``from -88% to 59%``, since ``-88–59%`` reads as a subtraction."""
+    a range that crosses zero reads ``from −88% to 59%`` (a true minus sign), since ``−88–59%`` reads
+    as a subtraction."""
     if low < 0:
-        return f"from {_show(low, unit)} to {_show(high, unit)}"
+        return f"from {_minus(_show(low, unit))} to {_minus(_show(high, unit))}"
     return f"{_show(low, unit, False, scale_of=high)}–{_show(high, unit)}"
+
+
+def _minus(text: str) -> str:
+    """A negative number's sign as a minus (U+2212), not a hyphen."""
+    return "−" + text[1:] if text.startswith("-") else text
 
 
 def _spread(values: Sequence[float]) -> tuple[float, float]:

@@ -26,7 +26,7 @@ if not __package__:  # locust -f loadtests imports each file on its own, from an
     import _repo_path  # noqa: F401
 
 from loadtests import definitions
-from loadtests.instruments import Measurement, show_range
+from loadtests.instruments import Measurement
 
 #: The model's or the server's gain from which batching is worth its added latency at all ...
 PAYS_A_LITTLE = 1.2
@@ -377,8 +377,8 @@ def larger_share_gains_more(share_big: Measurement, speedup_big: Measurement,
     comparable(speedup_big, speedup_small)
     big, small = share_big.model, share_small.model
     overlap = definitions.indistinguishable(share_big.spread, share_small.spread)
-    shares = (f"fixed share {share_big.value:.0%} ({show_range(*share_big.spread, 'share')}) against "
-              f"{share_small.value:.0%} ({show_range(*share_small.spread, 'share')})")
+    shares = (f"fixed share {share_big.value:.0%} ({share_big.spread_text()}) against "
+              f"{share_small.value:.0%} ({share_small.spread_text()})")
     gains = f"per-row speedup {speedup_big.value:.2f}× against {speedup_small.value:.2f}×"
     band = f"noise band {definitions.NOISE_BAND:.0%}" + (
         "; the shares' ranges over the passes overlap, so only their medians rank them" if overlap else "")
@@ -966,7 +966,7 @@ def wait_costs_latency(greedy_p50: Measurement, waiting_p50: Measurement, t1_s: 
     word = "cost the median request" if holds else "did not cost the median request a share of the wait,"
     return Verdict("the wait costs the median request", holds, word,
                    f"At {_load(greedy_p50)} requests/s a MAX_WAIT of {wait_s * 1e3:g} ms {word} "
-                   f"{cost * 1e3:+.0f} ms (p50 {greedy_p50.value * 1e3:.0f} -> {waiting_p50.value * 1e3:.0f} ms; "
+                   f"{cost * 1e3:+.0f} ms (p50 {greedy_p50.value * 1e3:.0f} → {waiting_p50.value * 1e3:.0f} ms; "
                    f"expected between a quarter of the wait and the wait plus two batch-1 calls, "
                    f"{0.25 * wait_s * 1e3:.0f} to {(wait_s + 2 * t1_s) * 1e3:.0f} ms).")
 

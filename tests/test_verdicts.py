@@ -300,7 +300,7 @@ def share_and_speedup(model: str, share: float, speedup: float, b: int = 16):
 def test_the_larger_share_gains_more():
     verdict = verdicts.larger_share_gains_more(*share_and_speedup("resnet18", 0.78, 3.63),
                                                *share_and_speedup("small CNN", 0.22, 1.14))
-    assert verdict.holds and verdict.word == "gained more" and "78% (78–78%) against 22% (22–22%)" in verdict.sentence
+    assert verdict.holds and verdict.word == "gained more" and "78% (78% in each of 7 repeats) against 22% (22% in each of 7 repeats)" in verdict.sentence
     assert "overlap" not in verdict.sentence
     # a small model whose fitted F came out negative has a share below 0: still the smaller one
     assert verdicts.larger_share_gains_more(*share_and_speedup("resnet18", 0.78, 3.63),
@@ -314,7 +314,7 @@ def test_shares_whose_ranges_overlap_are_said_to_be_ranked_by_their_medians_only
     small = measurement("fixed share", "small-cnn", 0.52, "share", (-0.04, 0.75), 7, {"clock": "wall", "threads": 1})
     verdict = verdicts.larger_share_gains_more(big, share_and_speedup("resnet18", 0.72, 2.23)[1],
                                                small, share_and_speedup("small-cnn", 0.52, 1.12)[1])
-    assert verdict.holds and "72% (70–73%) against 52% (from -4% to 75%)" in verdict.sentence
+    assert verdict.holds and "72% (70–73% over 7 repeats) against 52% (from −4% to 75% over 7 repeats)" in verdict.sentence
     assert "ranges over the passes overlap, so only their medians rank them" in verdict.sentence
 
 
