@@ -311,7 +311,7 @@ def requests_by_bucket(row) -> list[tuple[str, float]]:
     cap = max(1, row["max_batch_size"])
     estimate = []
     for label, count in _bucket_labels(row["batch_size_hist"]):
-        low, _, high = label.lstrip(">").partition("-")
+        low, _, high = label.lstrip(">").partition("–")
         low = float(low) + (1 if label.startswith(">") else 0)
         high = float(high or low)
         if low > cap:
@@ -346,7 +346,7 @@ def plot_batch_size_distribution(rows, offered_rps: float | None = None, share: 
             shares = requests_by_bucket(row)
         else:
             buckets = [(label, count) for label, count in _bucket_labels(row["batch_size_hist"])
-                       if float(label.split("-")[0].lstrip(">")) <= max(row["max_batch_size"], 1)]
+                       if float(label.split("–")[0].lstrip(">")) <= max(row["max_batch_size"], 1)]
             total = sum(count for _, count in buckets) or 1
             shares = [(label, count / total) for label, count in buckets]
         ax.bar([label for label, _ in shares], [value for _, value in shares],

@@ -113,11 +113,11 @@ def _row(size, hist, mean, batches, **extra):
 
 
 def test_share_of_requests_weights_batches_by_their_rows():
-    # 10 batches of 1 and 2 batches in 5-8 (say 8 rows each): 26 rows in all
+    # 10 batches of 1 and 2 batches in 5–8 (say 8 rows each): 26 rows in all
     row = _row(8, {"1": 10, "2": 0, "4": 0, "8": 2}, mean=26 / 12, batches=12)
     shares = dict(plots.requests_by_bucket(row))
     assert sum(shares.values()) == pytest.approx(1.0)
-    assert shares["1"] < 0.5 < shares["5-8"]  # most batches are single, most requests are not
+    assert shares["1"] < 0.5 < shares["5–8"]  # most batches are single, most requests are not
 
 
 def test_heatmap_fills_the_unbatched_row_across_greedy_waits():

@@ -218,7 +218,7 @@ def test_it_says_it_is_simulated():
     for text in (gpu.label, repr(gpu), device(LinearBatchTime(0.002), time_scale=0.1).label,
                  device(lambda b: 0.0).label):
         assert "simulated" in text and "not a real GPU" in text
-    assert "x0.1" in device("T4, FP32", time_scale=0.1).label
+    assert "every time ×0.1" in device("T4, FP32", time_scale=0.1).label
     assert list(gpu.parameters()) == [] and gpu.to("cpu").eval() is gpu
 
 
