@@ -69,6 +69,11 @@ def quick(full, quick_value):
     return quick_value if QUICK else full
 
 
+def of(count: int, total: int) -> str:
+    """``3 of 72``, or ``none of 72``: a count as a sentence says it."""
+    return f"{'none' if count == 0 else count} of {total}"
+
+
 def say(text: str) -> None:
     """Show ``text`` (Markdown, built from the run's variables) as the notebook's prose."""
     from IPython.display import Markdown, display
