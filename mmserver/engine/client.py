@@ -158,6 +158,12 @@ class EngineService:
 
     # -- the connection ------------------------------------------------------------------
 
+    @property
+    def connected(self) -> bool:
+        """False from the moment the connection to the engine is lost until it is made
+        again: a request made meanwhile is answered 503 at once."""
+        return self._lost is None
+
     async def start(self) -> None:
         self._channel = await connect(self.socket_path, self._received)
         self._reading = asyncio.create_task(self._stay_connected())

@@ -205,14 +205,24 @@ class IsolatedModel:
     def status(self) -> ModelStatus:
         if self.unloading:
             return ModelStatus.UNLOADING
-        return ModelStatus.LOADING if self._down else ModelStatus.READY
+        return ModelStatus.LOADING if self._why_down() else ModelStatus.READY
 
     def info(self) -> ModelInfo:
         return ModelInfo(self.name, self.url, self.status, memory_bytes=self.memory_bytes)
 
+    def _why_down(self) -> str | None:
+        """Why the model cannot serve now, or None. The connection to a dying child may
+        close before :meth:`_watch` sees the process end: from that moment on, a request
+        is told the model is loading again, as describe says, not that an engine died."""
+        if self._down is None and self._client is not None and not self._client.connected:
+            return (f"the process of model {self.name!r} ended; it is being loaded again in "
+                    "a new one: retry shortly")
+        return self._down
+
     def _serving(self) -> EngineService:
-        if self._down is not None:
-            raise errors.ModelStillLoading(self._down)
+        down = self._why_down()
+        if down is not None:
+            raise errors.ModelStillLoading(down)
         return self._client
 
     async def describe(self) -> dict[str, object]:
@@ -264,7 +274,7 @@ class IsolatedModel:
 
     async def exposition(self) -> bytes:
         """The child's metrics (none while it is down)."""
-        if self._down is not None or self._client is None:
+        if self._why_down() is not None or self._client is None:
             return b""
         with contextlib.suppress(errors.EngineUnavailable):
             return await self._client.exposition()
