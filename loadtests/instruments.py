@@ -98,6 +98,9 @@ class Measurement:
     repeats: int
     conditions: tuple[tuple[str, Any], ...] = ()
     context: tuple[tuple[str, Any], ...] = ()
+    #: What the ``repeats`` are, in the plural: windows or passes of one setting (``repeats``),
+    #: or the items of one run the spread runs over (``answered clients``, ``calls``).
+    over: str = "repeats"
 
     @property
     def where(self) -> dict[str, Any]:
@@ -111,21 +114,34 @@ class Measurement:
         """One line, e.g. ``t_http of noop: 131 µs (120–140 µs over 3 repeats; clock=...)``, or
         ``(98% in each of 3 repeats; ...)`` when the range's two ends print the same."""
         text = f"{self.quantity} of {self.model}: {_show(self.value, self.unit)}"
-        text += f" ({self.spread_text()}" if self.repeats > 1 else " (one repeat"
+        text += f" ({self.spread_text() if self.repeats > 1 else self.counted()}"
         details = [f"{k}={v}" for k, v in self.conditions + self.context]
         return text + ("; " + ", ".join(details) if details else "") + ")"
+
+    def shown(self) -> str:
+        """The value as a sentence prints it, with its range when it has repeats:
+        ``164 µs (148–185 µs over 3 repeats)``, ``155 µs (155 µs in each of 3 repeats)``."""
+        text = _show(self.value, self.unit)
+        return f"{text} ({self.spread_text()})" if self.repeats > 1 else text
 
     def spread_text(self) -> str:
         """The range over the repeats as every sentence writes it: ``120–140 µs over 3 repeats``,
         or ``98% in each of 3 repeats`` when its two ends print the same."""
         low, high = self.spread
         if _show(low, self.unit, scale_of=high) == _show(high, self.unit):
-            return f"{_show(high, self.unit)} in each of {self.repeats} repeats"
-        return f"{show_range(low, high, self.unit)} over {self.repeats} repeats"
+            return f"{_show(high, self.unit)} in each of {self.counted()}"
+        return f"{show_range(low, high, self.unit)} over {self.counted()}"
+
+    def counted(self) -> str:
+        """How many the spread runs over, as a sentence says it: ``3 repeats``, ``one repeat``,
+        ``9 answered clients``."""
+        if self.repeats == 1:
+            return f"one {self.over.removesuffix('s')}"
+        return f"{self.repeats} {self.over}"
 
     def as_json(self) -> dict:
         return {"quantity": self.quantity, "model": self.model, "value": self.value, "unit": self.unit,
-                "spread": list(self.spread), "repeats": self.repeats,
+                "spread": list(self.spread), "repeats": self.repeats, "over": self.over,
                 "conditions": dict(self.conditions), "context": dict(self.context)}
 
     @classmethod
@@ -137,21 +153,28 @@ class Measurement:
 
         return measurement(data["quantity"], data["model"], data["value"], data["unit"],
                            tuple(data["spread"]), data["repeats"], tupled(data.get("conditions", {})),
-                           tupled(data.get("context", {})))
+                           tupled(data.get("context", {})), data.get("over", "repeats"))
 
 
 def measurement(quantity: str, model: str, value: float, unit: str, spread: Sequence[float],
                 repeats: int, conditions: Mapping[str, Any] | None = None,
-                context: Mapping[str, Any] | None = None) -> Measurement:
-    """A :class:`Measurement` from plain mappings (sorted into pairs)."""
+                context: Mapping[str, Any] | None = None, over: str = "repeats") -> Measurement:
+    """A :class:`Measurement` from plain mappings (sorted into pairs); ``over``: what the
+    ``repeats`` are, when not repeats of a setting (:attr:`Measurement.over`)."""
     low, high = spread
     return Measurement(quantity, model, float(value), unit, (float(low), float(high)), int(repeats),
-                       tuple(sorted((conditions or {}).items())), tuple(sorted((context or {}).items())))
+                       tuple(sorted((conditions or {}).items())), tuple(sorted((context or {}).items())),
+                       over)
 
 
 def _show(value: float, unit: str, with_unit: bool = True, scale_of: float | None = None) -> str:
-    """``value`` in ``unit``; seconds in s, ms or µs as ``scale_of`` (default: the value) needs,
-    so that a range's low end is written in its high end's unit."""
+    """``value`` in ``unit``, a negative one with a true minus sign; seconds in s, ms or µs as
+    ``scale_of`` (default: the value) needs, so that a range's low end is written in its high
+    end's unit."""
+    return signed(_unsigned_show(value, unit, with_unit, scale_of))
+
+
+def _unsigned_show(value: float, unit: str, with_unit: bool, scale_of: float | None) -> str:
     if unit == "s":
         size = abs(value if scale_of is None else scale_of)
         scale, name = (1, "s") if size >= 1 else (1e6, "µs") if size < 1e-3 else (1e3, "ms")
@@ -168,12 +191,14 @@ def show_range(low: float, high: float, unit: str) -> str:
     a range that crosses zero reads ``from −88% to 59%`` (a true minus sign), since ``−88–59%`` reads
     as a subtraction."""
     if low < 0:
-        return f"from {_minus(_show(low, unit))} to {_minus(_show(high, unit))}"
+        scale = max(abs(low), abs(high))   # both ends in one unit: from −1.34 ms to 0.569 ms
+        return f"from {_show(low, unit, scale_of=scale)} to {_show(high, unit, scale_of=scale)}"
     return f"{_show(low, unit, False, scale_of=high)}–{_show(high, unit)}"
 
 
-def _minus(text: str) -> str:
-    """A negative number's sign as a minus (U+2212), not a hyphen."""
+def signed(text: str) -> str:
+    """A number's text with its leading sign as a minus (U+2212), not a hyphen: ``-0.75`` reads
+    as a dash in prose, ``−0.75`` as a negative number."""
     return "−" + text[1:] if text.startswith("-") else text
 
 
@@ -1076,7 +1101,7 @@ def _client_queue_wait(timeline: Timeline, client: int) -> Measurement:
         raise ValueError(f"client {client} was not answered by a model call (status {r.status})")
     value = definitions.queue_wait_s(r.arrived, r.launched)
     return measurement("queue wait", timeline.runner, value, "s", (value, value), 1,
-                       timeline.conditions(client=client), {"batch": r.batch})
+                       timeline.conditions(client=client), {"batch": r.batch}, over="clients")
 
 
 def refusal_time(timeline: Timeline) -> Measurement:
@@ -1090,7 +1115,7 @@ def refusal_time(timeline: Timeline) -> Measurement:
     while_busy = all(any(s <= r.arrived <= e for s, e, _ in timeline.calls) for r in refused)
     return measurement("time to refuse", timeline.runner, max(times), "s", _spread(times), len(times),
                        timeline.conditions(), {"refused": tuple(r.client for r in refused),
-                                               "while_busy": while_busy})
+                                               "while_busy": while_busy}, over="refused clients")
 
 
 def latency(timeline: Timeline) -> Measurement:
@@ -1100,7 +1125,7 @@ def latency(timeline: Timeline) -> Measurement:
     if not times:
         raise ValueError(f"{timeline.runner} answered no client")
     return measurement("latency", timeline.runner, statistics.median(times), "s", _spread(times),
-                       len(times), timeline.conditions())
+                       len(times), timeline.conditions(), over="answered clients")
 
 
 def own_rows(timeline: Timeline) -> Measurement:
@@ -1111,7 +1136,7 @@ def own_rows(timeline: Timeline) -> Measurement:
         raise ValueError(f"{timeline.runner} answered no client")
     value = sum(bool(r.own_row) for r in answered) / len(answered)
     return measurement("own rows", timeline.runner, value, "share", (value, value), len(answered),
-                       timeline.conditions())
+                       timeline.conditions(), over="answered clients")
 
 
 def batch_sizes(timeline: Timeline) -> Measurement:
@@ -1122,7 +1147,7 @@ def batch_sizes(timeline: Timeline) -> Measurement:
         raise ValueError(f"{timeline.runner} made no model call")
     return measurement("batch size", timeline.runner, statistics.fmean(sizes), "rows", _spread(sizes),
                        len(sizes), timeline.conditions(),
-                       {"grouping": tuple(tuple(sorted(c)) for _, _, c in timeline.calls)})
+                       {"grouping": tuple(tuple(sorted(c)) for _, _, c in timeline.calls)}, over="calls")
 
 
 async def timer_delay(armed_s: float, repeats: int = 5) -> Measurement:

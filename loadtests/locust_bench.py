@@ -24,7 +24,7 @@ from pathlib import Path
 if not __package__:  # locust -f loadtests imports each file on its own, from anywhere
     import _repo_path  # noqa: F401
 
-from loadtests import instruments
+from loadtests import instruments, plots
 from loadtests._names import SHED_SUFFIX
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,11 +87,9 @@ def largest_bucket(counts: dict[float, float]) -> float:
 
 
 def largest_bin(counts: dict[float, float]) -> str:
-    """The histogram bin of the largest batch formed, as ``"lower–upper"`` rows."""
-    bounds = list(counts)
-    k = max(i for i, b in enumerate(bounds) if counts[b] > 0)
-    lower = bounds[k - 1] + 1 if k else 1
-    return f"{lower:.0f}–{bounds[k]:.0f}" if bounds[k] > lower else f"{bounds[k]:.0f}"
+    """The histogram bin of the largest batch formed, labelled as every figure labels it
+    (``plots.batch_bins``: ``3–4`` rows)."""
+    return next(label for _, high, label in reversed(plots.batch_bins(counts)) if counts[high] > 0)
 
 
 @dataclasses.dataclass
@@ -215,8 +213,7 @@ def plot_loops(runs: dict[str, LocustRun], max_rows: int, users: int, stall_s: f
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     any_run = next(iter(runs.values()))
     bounds = [b for b in any_run.batches if b <= max_rows]
-    labels = [f"{int(lower) + 1}–{int(b)}" if b - lower > 1 else f"{int(b)}"
-              for lower, b in zip([0.0, *bounds[:-1]], bounds)]
+    labels = [label for _, _, label in plots.batch_bins(bounds)]
     x = np.arange(len(bounds))
     for k, (kind, run) in enumerate(runs.items()):
         axes[0].bar(x + (k - 1) * 0.27, [run.batches.get(b, 0.0) for b in bounds], width=0.27, label=kind)

@@ -286,18 +286,28 @@ def _p99_range(row: dict) -> str:
     return show_range(row["p99_min_ms"] / 1e3, row["p99_max_ms"] / 1e3, "s")
 
 
-def _bucket_labels(hist: dict) -> list[tuple[str, int]]:
-    """Prometheus upper bounds -> ranges: 1, 2, 3–4, 5–8, ..."""
-    out, previous = [], 0
-    for bound, count in sorted(((k, v) for k, v in hist.items() if k != "+Inf"),
-                               key=lambda kv: float(kv[0])):
-        upper = int(float(bound))
-        label = str(upper) if upper == previous + 1 else f"{previous + 1}–{upper}"
-        out.append((label, count))
+def batch_bins(upper_bounds) -> list[tuple[int, float, str]]:
+    """The batch-size histogram's bins as every figure and sentence writes them: ``(lowest,
+    highest, label)`` rows per call from the buckets' upper bounds (``mmserver_batch_size_rows``:
+    1, 2, 4, 8, ..., +Inf), labelled ``1``, ``2``, ``3–4``, ``5–8``, ..., ``>64``."""
+    bins, previous = [], 0
+    for bound in sorted(float(b) for b in upper_bounds):
+        low = previous + 1
+        if math.isinf(bound):
+            bins.append((low, bound, f">{previous}"))
+            break
+        upper = int(bound)
+        bins.append((low, upper, str(upper) if upper == low else f"{low}–{upper}"))
         previous = upper
-    if hist.get("+Inf"):
-        out.append((f">{previous}", hist["+Inf"]))
-    return out
+    return bins
+
+
+def _buckets(hist: dict) -> list[tuple[int, float, str, float]]:
+    """A point's histogram, bin by bin: (lowest, highest, label, batches); +Inf only when it
+    counted a batch."""
+    counts = {float(k): v for k, v in hist.items()}
+    return [(low, high, label, counts[high]) for low, high, label in batch_bins(counts)
+            if not math.isinf(high) or counts[high]]
 
 
 def requests_by_bucket(row) -> list[tuple[str, float]]:
@@ -310,10 +320,7 @@ def requests_by_bucket(row) -> list[tuple[str, float]]:
     """
     cap = max(1, row["max_batch_size"])
     estimate = []
-    for label, count in _bucket_labels(row["batch_size_hist"]):
-        low, _, high = label.lstrip(">").partition("–")
-        low = float(low) + (1 if label.startswith(">") else 0)
-        high = float(high or low)
+    for low, high, label, count in _buckets(row["batch_size_hist"]):
         if low > cap:
             continue
         estimate.append((label, count * (low + min(high, cap)) / 2))
@@ -345,8 +352,8 @@ def plot_batch_size_distribution(rows, offered_rps: float | None = None, share: 
         if share == "requests":
             shares = requests_by_bucket(row)
         else:
-            buckets = [(label, count) for label, count in _bucket_labels(row["batch_size_hist"])
-                       if float(label.split("–")[0].lstrip(">")) <= max(row["max_batch_size"], 1)]
+            buckets = [(label, count) for low, _, label, count in _buckets(row["batch_size_hist"])
+                       if low <= max(row["max_batch_size"], 1)]
             total = sum(count for _, count in buckets) or 1
             shares = [(label, count / total) for label, count in buckets]
         ax.bar([label for label, _ in shares], [value for _, value in shares],

@@ -230,10 +230,6 @@ def indistinguishable(a: Measurement, b: Measurement, setting: str = "policy") -
                    + (f"; {_why_not_apart(a, b)}." if holds else "."), TOLD_APART_RULE)
 
 
-def _repeats(record: Measurement) -> str:
-    return f"{record.repeats} repeat{'s' * (record.repeats != 1)}"
-
-
 def _told_apart(a: Measurement, b: Measurement) -> bool:
     """Whether two settings' records rank them: values beyond the noise band and
     ``definitions.told_apart`` over their repeats. Every verdict that ranks settings asks this."""
@@ -302,6 +298,36 @@ def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement) -> Ve
                    f"On this machine {t1.model}'s batch 1 is {word}: t(1) = {t1.value * 1e3:.2f} ms, "
                    f"{t1.value / line:.2f}× the line's F + c = {line * 1e3:.2f} ms "
                    f"(noise band {definitions.NOISE_BAND:.0%}).")
+
+
+def cpu_within_wall(cpu: Measurement, wall: Measurement, source: str) -> Verdict:
+    """One call size of one model timed on the calling thread's CPU clock (``cpu``) and, in
+    another run (``source``: "notebook 01"), on the wall clock (``wall``). Two quantities, which
+    the ledger does not compare; yet one bound joins them: a one-thread call's CPU time cannot
+    exceed its wall time. It holds while the CPU time stays under the wall time or within the
+    noise band of it; a CPU time beyond the band above says that the call itself ran slower in
+    this run (another core, another moment of a shared machine), not that the clocks differ.
+    Refused: other quantities or models, the clocks the other way round, more than one thread."""
+    if (cpu.quantity, cpu.model) != (wall.quantity, wall.model):
+        raise Incomparable(f"need one quantity of one model, got {cpu.describe()} and {wall.describe()}")
+    if (cpu.where.get("clock"), wall.where.get("clock")) != ("cpu", "wall"):
+        raise Incomparable("need the CPU clock's record first and the wall clock's second")
+    if cpu.where.get("threads") != 1 or wall.where.get("threads") != 1:
+        raise Incomparable("the CPU time of a call on several threads may exceed its wall time")
+    ratio = cpu.value / wall.value
+    within = definitions.agree(cpu.value, wall.value)
+    holds = within or cpu.value < wall.value
+    word = "within the noise band" if within else "under it" if holds else "above it, beyond the noise band"
+    band = f"{definitions.NOISE_BAND:.0%}"
+    why = (f" ({band}), as a one-thread call's CPU time, never more than its wall time, can be." if within else
+           ": CPU time leaves out any moment the call waited for its core, and the two are separate runs of a "
+           "shared machine." if holds else
+           f" ({band}). A one-thread call's CPU time cannot exceed its wall time, so the call itself ran slower "
+           "here (another core, another moment of a shared machine): the two numbers differ by more than "
+           "their clocks.")
+    return Verdict("a call's CPU time stays within its wall time", holds, word,
+                   f"{cpu.quantity} of {cpu.model} on the CPU clock here, {cpu.value * 1e3:.2f} ms, is {ratio:.2f}× "
+                   f"the {wall.value * 1e3:.2f} ms {source} timed on the wall clock, {word}{why}")
 
 
 def passes_on(served: Measurement, model_gain: Measurement) -> Verdict:
@@ -377,8 +403,7 @@ def larger_share_gains_more(share_big: Measurement, speedup_big: Measurement,
     comparable(speedup_big, speedup_small)
     big, small = share_big.model, share_small.model
     overlap = definitions.indistinguishable(share_big.spread, share_small.spread)
-    shares = (f"fixed share {share_big.value:.0%} ({share_big.spread_text()}) against "
-              f"{share_small.value:.0%} ({share_small.spread_text()})")
+    shares = f"fixed share {share_big.shown()} against {share_small.shown()}"
     gains = f"per-row speedup {speedup_big.value:.2f}× against {speedup_small.value:.2f}×"
     band = f"noise band {definitions.NOISE_BAND:.0%}" + (
         "; the shares' ranges over the passes overlap, so only their medians rank them" if overlap else "")
@@ -488,14 +513,13 @@ def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s:
                         f"at {r.where.get('clients', '?')} client{'' if r.where.get('clients') == 1 else 's'}" for r in ranked)
     if tied:
         word = "cannot choose between"
-        head = (f"For a p99 budget of {budget_s * 1e3:.0f} ms we {word} {pick.where[setting]} and "
-                + ", ".join(r.where[setting] for r in tied) + ": their best throughputs cannot be told apart "
-                f"over the repeats ({_why_not_apart(pick, tied[0])})")
+        sentence = (f"For a p99 budget of {budget_s * 1e3:.0f} ms we {word} {pick.where[setting]} and "
+                    + ", ".join(r.where[setting] for r in tied) + ": their best throughputs cannot be told "
+                    f"apart, since {_why_not_apart(pick, tied[0])}. Best within the budget: {listing}")
     else:
         word = "pick"
-        head = f"For a p99 budget of {budget_s * 1e3:.0f} ms, {word} {pick.where[setting]}"
-    within = "best within the budget" if len(ranked) > 1 else "the only setting within the budget"
-    sentence = head + f" ({within}: {listing})"
+        within = "best within the budget" if len(ranked) > 1 else "the only setting within the budget"
+        sentence = f"For a p99 budget of {budget_s * 1e3:.0f} ms, {word} {pick.where[setting]} ({within}: {listing})"
     sentence += (f"; not within it at that load: {', '.join(missed)}." if missed else ".")
     near = best[pick.where[setting]][1].value
     if definitions.agree(near, budget_s):
@@ -528,9 +552,9 @@ def pads_less(candidate: Measurement, baseline: Measurement, setting: str = "bat
     return Verdict("one setting pads less", holds, word,
                    f"At {candidate.where.get('clients', '?')} clients, {candidate.where[setting]} {word} "
                    f"{baseline.where[setting]}: padding efficiency {candidate.value:.2f} "
-                   f"({candidate.spread[0]:.2f}–{candidate.spread[1]:.2f} over {_repeats(candidate)}) against "
+                   f"({candidate.spread[0]:.2f}–{candidate.spread[1]:.2f} over {candidate.counted()}) against "
                    f"{baseline.value:.2f} ({baseline.spread[0]:.2f}–{baseline.spread[1]:.2f} over "
-                   f"{_repeats(baseline)}), real tokens over the padded tokens the model ran.", TOLD_APART_RULE)
+                   f"{baseline.counted()}), real tokens over the padded tokens the model ran.", TOLD_APART_RULE)
 
 # -- a batching runner alone (notebooks 02 and 03) -------------------------------------------------
 
@@ -687,7 +711,8 @@ def server_share(t_http: Measurement, call: Measurement, batch_size: int) -> Ver
     return Verdict("the server's work outweighs the model's share", word == "larger", word,
                    f"At MAX_BATCH_SIZE {batch_size} the server's own work per request (t_http "
                    f"{t_http.value * 1e6:.0f} µs) is {word} than {call.model}'s share of a batched call "
-                   f"(t({batch_size})/{batch_size} = {per_row * 1e6:.0f} µs): {share:.0%} of a request's core time.")
+                   f"(t({batch_size})/{batch_size} = {per_row * 1e6:.0f} µs): {share:.0%} of a request's core time, "
+                   f"t_http + t({batch_size})/{batch_size}.")
 
 
 def _wait_pair(greedy: Measurement, waiting: Measurement, quantity: str | None = None) -> None:
@@ -824,7 +849,7 @@ def sheds_cleanly(drain: Measurement, failed: int, max_batch_size: int) -> Verdi
     word = "shed the excess cleanly" if holds else "did not shed the excess cleanly"
     return Verdict("an overloaded server sheds cleanly", holds, word,
                    f"Overloaded, the server {word}: {shed:.0f} refusals (503) a second against {drain.value:.0f} answers a second, "
-                   f"{failed} failed, batches of {mean_batch:g} of {max_batch_size} rows on average.")
+                   f"{failed or 'none'} failed, batches of {mean_batch:g} of {max_batch_size} rows on average.")
 
 
 def queue_bound_holds(wait: Measurement, drain: Measurement, batch: Measurement,
@@ -868,12 +893,13 @@ def shedding_costs(capacity: Measurement, drain: Measurement, batch_saturated: M
     if len(sizes) != 1:
         raise Incomparable(f"records at different MAX_BATCH_SIZEs: {sorted(map(str, sizes))}")
     holds = batch_overloaded.value > (1 + definitions.NOISE_BAND) * batch_saturated.value
-    word = "slowed" if holds else "did not clearly slow"
+    word = "ran slower" if holds else "did not clearly run slower"
     lost = 1 - drain.value / capacity.value
     return Verdict("shedding slows the batches", holds, word,
-                   f"Shedding {word} the server's batches: they took {batch_overloaded.value * 1e3:.0f} ms against "
-                   f"{batch_saturated.value * 1e3:.0f} ms without shedding (noise band {definitions.NOISE_BAND:.0%}; "
-                   f"the refusals' work shares the model's core), and it answered {drain.value:.0f}/s while shedding, "
+                   f"While it shed, the server's batches {word}: they took {batch_overloaded.value * 1e3:.0f} ms "
+                   f"against {batch_saturated.value * 1e3:.0f} ms in the run without shedding (noise band "
+                   f"{definitions.NOISE_BAND:.0%}; the refusals' work shares the model's core, and two runs of a "
+                   f"shared machine differ by its drift too), and it answered {drain.value:.0f}/s while shedding, "
                    f"{lost:.0%} {'short of' if lost >= 0 else 'over'} its capacity of {capacity.value:.0f}/s.")
 
 
@@ -991,17 +1017,20 @@ def saves_less_when_busier(greedy_low: Measurement, waiting_low: Measurement,
                    f"(clearly: by more than {definitions.NOISE_BAND * 100:.0f} percentage points).")
 
 
-def neighbour_gains(beside_greedy: Measurement, beside_waiting: Measurement) -> Verdict:
+def neighbour_gains(beside_greedy: Measurement, beside_waiting: Measurement,
+                    called: str | None = None) -> Verdict:
     """Whether a model's p50 fell when only its neighbour on the same device turned from
     greedy to waiting, told apart (:func:`_told_apart`: beyond the noise band, and over the
-    repeats). Otherwise the two cannot be told apart, and the sentence says why."""
+    repeats). Otherwise the two cannot be told apart, and the sentence says why. ``called``:
+    what the lesson calls the model ("model B"), said with its name."""
     _need(beside_greedy, "p50")
     comparable(beside_greedy, beside_waiting)
     apart = _told_apart(beside_greedy, beside_waiting)
     holds = apart and beside_waiting.value < beside_greedy.value
     word = "finished sooner" if holds else "finished later" if apart else "could not be told apart"
     return Verdict("a neighbour's wait is this model's gain", holds, word,
-                   f"Beside a waiting neighbour, {beside_greedy.model}'s median request {word}: p50 "
+                   f"Beside a waiting neighbour, the median request of "
+                   f"{f'{called} ({beside_greedy.model})' if called else beside_greedy.model} {word}: p50 "
                    f"{_value(beside_greedy)} beside a greedy one, {_value(beside_waiting)} beside a waiting one"
                    + (f"; {_why_not_apart(beside_greedy, beside_waiting)}." if not apart else
                       f"; noise band {definitions.NOISE_BAND:.0%}."), TOLD_APART_RULE)
@@ -1057,19 +1086,9 @@ def compared(a: Measurement, b: Measurement, a_is: str, b_is: str) -> Verdict:
 
 
 def _value(record: Measurement) -> str:
-    """A record's value as a sentence prints it, with its range when it has repeats (in the
-    value's own unit)."""
-    if record.unit == "s":
-        scale, unit, digits = ((1e6, "µs", 0) if record.value < 1e-3 else (1e3, "ms", 1) if record.value < 10e-3
-                               else (1e3, "ms", 0))
-    else:
-        scale, unit, digits = 1.0, record.unit, 0
-    text = f"{record.value * scale:.{digits}f} {unit}"
-    if record.repeats > 1:
-        low, high = (f"{v * scale:.{digits}f}" for v in record.spread)
-        text += (f" ({high} in each of {_repeats(record)})" if low == high else
-                 f" ({low}–{high} over {_repeats(record)})")
-    return text
+    """A record's value as a sentence prints it, with its range when it has repeats
+    (``Measurement.shown``: one way to write a value in every sentence)."""
+    return record.shown()
 
 
 def setting_label(record: Measurement) -> str:

@@ -109,6 +109,14 @@ def record(notebook: str, *measurements) -> None:
         print(measurement.describe() + "".join(f"\n  ledger: {note}" for note in notes))
 
 
+def recorded(notebook: str, quantity: str, model: str):
+    """The record ``notebook`` wrote of ``quantity`` of ``model`` in this run's ledger, or None
+    (a notebook run alone has no earlier notebook's records to set beside its own)."""
+    return next((entry.measurement for entry in Ledger().entries()
+                 if (entry.notebook, entry.measurement.quantity, entry.measurement.model)
+                 == (notebook, quantity, model)), None)
+
+
 def learned(*points: str) -> None:
     """The notebook's closing summary, each point built from the run's variables."""
     say("**What we learned in this run**\n\n" + "\n".join(f"- {p}" for p in points))

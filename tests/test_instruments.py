@@ -412,6 +412,14 @@ def test_a_range_reads_in_its_high_ends_unit():
     assert "(0.0228–3.84 ms over 20 repeats" in record.describe(), record.describe()
 
 
+def test_a_range_across_zero_reads_from_minus_to_in_one_unit():
+    """01 printed "(from −1.34 ms to 569 µs ..." and, before that, "(-0.30 to 1.23 ms ..."."""
+    added = instruments.measurement("server added", "m", -0.47e-3, "s", (-1.34e-3, 0.569e-3), 3)
+    assert added.describe().startswith("server added of m: −470 µs (from −1.34 ms to 0.569 ms over 3 repeats")
+    assert instruments.show_range(-0.04, 0.44, "share") == "from −4% to 44%"
+    assert instruments.signed("-0.75") == "−0.75" and instruments.signed("+0.75") == "+0.75"
+
+
 def test_a_range_whose_ends_print_the_same_is_one_value():
     """08 printed "fixed share ...: 98% (98–98% over 3 repeats ...)"."""
     share = instruments.measurement("fixed share", "m", 0.981, "share", (0.978, 0.983), 3)
@@ -492,6 +500,11 @@ def test_scripted_clients_recover_a_runner_of_known_timing():
     assert batches.value == 1.0 and batches.observed["grouping"] == ((0,), (1,), (2,), (4,))
     rows = instruments.own_rows(timeline)
     assert rows.value == 3 / 4 and rows.repeats == 4
+    # a spread over one run's clients or calls says so: they are not repeats of the run
+    assert "4 answered clients" in took.describe() and "repeats" not in took.describe()
+    assert "in each of 4 calls" in batches.describe(), batches.describe()
+    assert "(one client; " in instruments.queue_wait(timeline, 0).describe()
+    assert instruments.Measurement.from_json(took.as_json()) == took
     with pytest.raises(ValueError, match="not answered"):
         instruments.queue_wait(timeline, 3)
 

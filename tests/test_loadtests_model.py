@@ -120,6 +120,17 @@ def test_share_of_requests_weights_batches_by_their_rows():
     assert shares["1"] < 0.5 < shares["5–8"]  # most batches are single, most requests are not
 
 
+def test_the_histograms_bins_are_labelled_once_for_every_figure_and_sentence():
+    assert plots.batch_bins(["4", "1", "2", "+Inf", "8"]) == [
+        (1, 1, "1"), (2, 2, "2"), (3, 4, "3–4"), (5, 8, "5–8"), (9, float("inf"), ">8")]
+    from loadtests.locust_bench import largest_bin
+    assert largest_bin({1.0: 3, 2.0: 0, 4.0: 5, 8.0: 0, float("inf"): 0}) == "3–4"
+    assert largest_bin({1.0: 3, 2.0: 0}) == "1"
+    # the open bin above MAX_BATCH_SIZE (4 here) can hold no batch of this server: left out
+    row = _row(4, {"1": 0, "2": 0, "4": 1, "+Inf": 1}, mean=4.5, batches=2)
+    assert [label for label, _ in plots.requests_by_bucket(row)] == ["1", "2", "3–4"]
+
+
 def test_heatmap_fills_the_unbatched_row_across_greedy_waits():
     rows = [_row(1, {}, 1, 1, p99_ms=30.0),
             {**_row(8, {}, 2, 1, p99_ms=40.0), "max_wait_ms": 0.0},

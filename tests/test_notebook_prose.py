@@ -201,6 +201,30 @@ def printed_and_prose(notebook: Path) -> list[tuple[int, str]]:
     return found
 
 
+#: A negative number in a sentence written with a hyphen ("(-0.30 to 1.23 ms", "share: -4%"),
+#: which reads as a dash. Printed arrays and JSON bodies ("[-0.19, -0.14]") are data, not prose.
+HYPHEN_MINUS = re.compile(r"(?:(?<=[\s(])|^)(?<!, )-\d+(?:\.\d+)?%?")
+
+
+def hyphen_minuses(text: str) -> list[str]:
+    return HYPHEN_MINUS.findall(text)
+
+
+def test_a_negative_number_with_a_hyphen_is_found_and_data_are_not():
+    assert hyphen_minuses("in this run (-0.30 to 1.23 ms); fixed share: -4% (from −259% to 44%)") == [
+        "-0.30", "-4%"]
+    assert hyphen_minuses("200  [[-0.1913, -0.1274]]; [-0.3777  0.2459]; slope −0.75; 20 ms - 3 ms; "
+                          "resnet18-224; --max-wait-ms") == []
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_negative_number_a_notebook_prints_has_a_minus_sign(notebook):
+    """A negative number in a sentence carries a minus sign (U+2212, ``instruments.signed``)."""
+    hyphens = [(cell, found) for cell, text in printed_and_prose(notebook)
+               for found in hyphen_minuses(text)]
+    assert not hyphens, hyphens
+
+
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_range_a_notebook_prints_reads_as_a_range(notebook):
     """A range is written as ``instruments.show_range`` writes it, with an en dash

@@ -188,7 +188,7 @@ def test_ranges_that_miss_narrowly_over_two_repeats_are_not_told_apart():
     rounds each. The values differ by 35 %, but the ranges miss each other by 2 %, which two
     repeats against two do one time in three with nothing behind it."""
     narrow = verdicts.indistinguishable(p99("tokens", 194, 221, 4), p99("rows", 225, 340, 4))
-    assert narrow.holds and "194–221 over 2 repeats" in narrow.sentence
+    assert narrow.holds and "194–221 ms over 2 repeats" in narrow.sentence
 
 
 def test_p99s_apart_by_more_than_the_band_or_over_many_repeats_are_told_apart():
@@ -427,6 +427,10 @@ def test_throughputs_a_narrow_gap_apart_over_two_repeats_cannot_be_told_apart():
 def test_overlapping_throughputs_cannot_be_told_apart():
     verdict = verdicts.pick_for_p99_budget([text_point("rows", 16, 140, 150, 0.1), text_point("tokens", 16, 150, 140, 0.1)], 0.2)
     assert not verdict.holds and verdict.word == "cannot choose between"
+    # one aside at a time: the reason is a clause, the listing a sentence of its own
+    assert "cannot be told apart, since their values lie within the noise band (15%) of each other. " \
+           "Best within the budget: tokens 150.0 texts/s" in verdict.sentence, verdict.sentence
+    assert ") (" not in verdict.sentence
 
 
 def test_a_pick_just_under_the_budget_is_said_to_be_so():
@@ -510,6 +514,12 @@ CASES = {
                      lambda: verdicts.misses_reach({0.5: 800.0, 0.99: 1916.1}, 52, 150, 750)),
     "kernels": (lambda: verdicts.kernels_point_the_way("m", 0.86, 0.74),
                 lambda: verdicts.kernels_point_the_way("m", 1.4, 0.74)),
+    "cpu within wall": (lambda: verdicts.cpu_within_wall(
+        measurement("t(1)", "m", 6e-3, "s", (6e-3, 6e-3), 5, {"clock": "cpu", "threads": 1}),
+        measurement("t(1)", "m", 7e-3, "s", (7e-3, 7e-3), 5, {"clock": "wall", "threads": 1}), "01"),
+        lambda: verdicts.cpu_within_wall(
+        measurement("t(1)", "m", 10e-3, "s", (10e-3, 10e-3), 5, {"clock": "cpu", "threads": 1}),
+        measurement("t(1)", "m", 7e-3, "s", (7e-3, 7e-3), 5, {"clock": "wall", "threads": 1}), "01")),
     "choose setting": (lambda: verdicts.choose_setting([sweep_point("greedy", 16, 0, 100, 30, 100)], 0.1, "greedy 16"),
                        lambda: verdicts.choose_setting([sweep_point("timer", 16, 10, 100, 30, 100),
                                                         sweep_point("timer", 16, 20, 100, 30, 100)], 0.1, "greedy 16")),
@@ -1134,12 +1144,14 @@ def test_a_range_whose_ends_print_the_same_is_written_once():
     same = measurement("t_http", "sim", 155.2e-6, "s", (154.8e-6, 155.4e-6), 3, {"clock": "cpu"})
     apart = measurement("t_http", "sim", 164e-6, "s", (148e-6, 185e-6), 3, {"clock": "cpu"})
     sentence = verdicts.compared(same, apart, "a", "b").sentence
-    assert "155 µs (155 in each of 3 repeats)" in sentence and "164 µs (148–185 over 3 repeats)" in sentence
+    assert "155 µs (155 µs in each of 3 repeats)" in sentence and "164 µs (148–185 µs over 3 repeats)" in sentence
 
 
 def test_a_neighbours_p50s_print_as_every_compared_value_does():
     verdict = verdicts.neighbour_gains(point("p50", 0.185, model="b"), point("p50", 0.125, model="b"))
     assert "p50 185 ms beside a greedy one, 125 ms beside a waiting one" in verdict.sentence
+    named = verdicts.neighbour_gains(point("p50", 0.185, model="b"), point("p50", 0.125, model="b"), "model B")
+    assert named.sentence.startswith("Beside a waiting neighbour, the median request of model B (b) finished sooner")
 
 
 def test_a_lone_setting_within_the_budget_is_not_called_the_best():
@@ -1148,3 +1160,22 @@ def test_a_lone_setting_within_the_budget_is_not_called_the_best():
     assert lone.holds and "(the only setting within the budget: none 41.0 texts/s" in lone.sentence
     two = verdicts.pick_for_p99_budget([text_point("none", 16, 41, 559), text_point("rows", 16, 21, 500)], 0.6)
     assert "(best within the budget: none 41.0 texts/s" in two.sentence
+
+
+def test_a_cpu_time_beyond_the_wall_time_of_another_run_says_the_call_ran_slower():
+    """07's run: resnet18's t(1) 10.54 ms on the CPU clock against 01's 6.73 ms on the wall clock."""
+    def t1(value, clock):
+        return measurement("t(1)", "resnet18", value, "s", (value, value), 5, {"clock": clock, "threads": 1})
+
+    slower = verdicts.cpu_within_wall(t1(10.54e-3, "cpu"), t1(6.73e-3, "wall"), "notebook 01")
+    assert not slower.holds and slower.word == "above it, beyond the noise band"
+    assert "1.57× the 6.73 ms notebook 01 timed" in slower.sentence and "ran slower here" in slower.sentence
+    near = verdicts.cpu_within_wall(t1(7.0e-3, "cpu"), t1(6.73e-3, "wall"), "notebook 01")
+    assert near.holds and near.word == "within the noise band"
+    under = verdicts.cpu_within_wall(t1(5.0e-3, "cpu"), t1(6.73e-3, "wall"), "notebook 01")
+    assert under.holds and under.word == "under it"
+    with pytest.raises(Incomparable):   # the clocks the other way round
+        verdicts.cpu_within_wall(t1(6.73e-3, "wall"), t1(10.54e-3, "cpu"), "notebook 01")
+    with pytest.raises(Incomparable):   # several threads: CPU time may exceed wall time
+        verdicts.cpu_within_wall(measurement("t(1)", "resnet18", 0.01, "s", (0.01, 0.01), 5,
+                                             {"clock": "cpu", "threads": 4}), t1(6.73e-3, "wall"), "01")
