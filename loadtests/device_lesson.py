@@ -151,9 +151,11 @@ def print_wait_table(points: Mapping[float, list], max_batch_size: int) -> None:
                   f"{p['mean batch'].value:>6.2f} {p['queue wait'].value * 1e3:>6.1f} "
                   f"{p['device time per request'].value * 1e3:>10.2f} {p['busy fraction'].value:>5.0%} "
                   f"{p['p50'].value * 1e3:>5.0f} {p['p99'].value * 1e3:>5.0f} {seen['requests']:>5}")
-    if any(p["busy fraction"].value > 1 for line in points.values() for p in line):
-        print("A busy share above 100% means a saturated device: the share is the device time of the calls the "
-              "window counted over its length, and a call that straddles the window's edge counts whole.")
+    if any(p["busy fraction"].value > 0.995 for line in points.values() for p in line):
+        print("A busy share of 100% means the device never idled in the window, not that the load passed its "
+              "capacity: greedy starts a call whenever anything waits. The share is the device time of the calls "
+              "the window counted over its length, and a call that straddles the window's edge counts whole, so "
+              "it can read a little above 100%.")
 
 
 def plot_waits(points: Mapping[float, list], shares: Sequence[float], title: str) -> None:

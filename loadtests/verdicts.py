@@ -112,7 +112,8 @@ def pays(gain: Measurement) -> Verdict:
         word = "pays"
     near = [t for t in (PAYS_A_LITTLE, PAYS) if definitions.agree(x, t)]
     sentence = (f"By {name} of {gain.model}, {x:.2f}× at MAX_BATCH_SIZE {gain.where.get('max_batch_size', '?')}, "
-                f"batching {word} (scale: under {PAYS_A_LITTLE}× barely, from {PAYS}× clearly)")
+                f"batching {word} (scale: under {PAYS_A_LITTLE}× it barely pays, from {PAYS_A_LITTLE}× a little, "
+                f"from {PAYS}× it pays)")
     sentence += (f"; within the noise band of {near[0]}×, a re-run may sort it into the neighbouring case."
                  if near else ".")
     return Verdict("batching pays", x >= PAYS_A_LITTLE, word, sentence)
@@ -254,8 +255,8 @@ def _why_not_apart(a: Measurement, b: Measurement) -> str:
 
 
 #: How every verdict that ranks two records says what :func:`_told_apart` asks (its ``rule``).
-TOLD_APART_RULE = (f"Two measurements are told apart only when their values differ by more than the noise band "
-                   f"({definitions.NOISE_BAND:.0%}) and their ranges over the repeats miss each other by more "
+TOLD_APART_RULE = (f"Two measurements are told apart only when their values differ by more than the noise band, "
+                   f"{definitions.NOISE_BAND:.0%}, and their ranges over the repeats miss each other by more "
                    f"than it too, or over enough repeats that chance alone would part them at most "
                    f"{definitions.CHANCE_LEVEL:.0%} of the time.")
 
@@ -294,10 +295,11 @@ def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement) -> Ve
     line = fixed.value + per_row.value
     holds = definitions.agree(t1.value, line)
     word = "on the line" if holds else "off the line"
+    apart = max(t1.value, line) / min(t1.value, line) - 1
     return Verdict("batch 1 is on the cost line", holds, word,
-                   f"On this machine {t1.model}'s batch 1 is {word}: t(1) = {t1.value * 1e3:.2f} ms, "
-                   f"{t1.value / line:.2f}× the line's F + c = {line * 1e3:.2f} ms "
-                   f"(noise band {definitions.NOISE_BAND:.0%}).")
+                   f"On this machine {t1.model}'s batch 1 is {word}: t(1) = {t1.value * 1e3:.2f} ms against the "
+                   f"line's F + c = {line * 1e3:.2f} ms, {t1.value / line:.2f}×, the larger {apart:.0%} above the "
+                   f"smaller (noise band {definitions.NOISE_BAND:.0%}).")
 
 
 def cpu_within_wall(cpu: Measurement, wall: Measurement, source: str) -> Verdict:
@@ -359,8 +361,8 @@ def passes_on(served: Measurement, model_gain: Measurement) -> Verdict:
         word, why = "passed on", f"within the noise band ({definitions.NOISE_BAND:.0%})."
     elif not _told_apart(served, model_gain):
         word = "cannot be told apart from passing on"
-        why = (f"a gap beyond the noise band ({definitions.NOISE_BAND:.0%}) that the repeats do not confirm: the "
-               f"served gain ran {served.spread[0]:.2f}–{served.spread[1]:.2f}× over {served.repeats}, the model's "
+        why = (f"the repeats do not confirm the gap: the served gain ran "
+               f"{served.spread[0]:.2f}–{served.spread[1]:.2f}× over {served.repeats}, the model's "
                f"{model_gain.spread[0]:.2f}–{model_gain.spread[1]:.2f}× over {model_gain.repeats}, and "
                f"{_why_not_apart(served, model_gain)}.")
     elif off > 0:
@@ -372,10 +374,15 @@ def passes_on(served: Measurement, model_gain: Measurement) -> Verdict:
         word = "ate part of"
         why = (f"beyond the noise band ({definitions.NOISE_BAND:.0%}): the server's own work per request "
                "took a share of each request's time that batching did not shrink.")
+    head = (f"Through the server {served.model} gained {served.value:.2f}× (served gain) against "
+            f"{model_gain.value:.2f}× in process over the measured t(1), at MAX_BATCH_SIZE {b}: ")
+    if word == "cannot be told apart from passing on":
+        return Verdict("the server passes the model's gain on", True, word, head + (
+            f"the served gain came out {off:+.0%} against the model's, beyond the noise band "
+            f"({definitions.NOISE_BAND:.0%}), but this run cannot tell whether the server added to the gain or "
+            f"only passed it on; {why}"), TOLD_APART_RULE)
     return Verdict("the server passes the model's gain on", word != "ate part of", word,
-                   f"Through the server {served.model} gained {served.value:.2f}× (served gain) against "
-                   f"{model_gain.value:.2f}× in process over the measured t(1), at MAX_BATCH_SIZE {b}: "
-                   f"the server {word} the model's gain ({off:+.0%}), {why}", TOLD_APART_RULE)
+                   head + f"the server {word} the model's gain ({off:+.0%}), {why}", TOLD_APART_RULE)
 
 
 def _exceeds(a: float, b: float) -> bool:
@@ -412,8 +419,9 @@ def larger_share_gains_more(share_big: Measurement, speedup_big: Measurement,
         sentence = f"{big} {word} than {small} beyond the {band} ({shares}; {gains})."
     else:
         word = "gained more" if _exceeds(speedup_big.value, speedup_small.value) else "did not gain more"
-        sentence = (f"{big}, with the larger fixed share ({shares} for {small}), {word} from a batch than "
-                    f"{small} at MAX_BATCH_SIZE {speedup_big.where.get('max_batch_size', '?')}: {gains} ({band}).")
+        sentence = (f"{big} had the larger fixed share, {share_big.shown()} against {share_small.shown()} for "
+                    f"{small}, and {word} from a batch than {small} at MAX_BATCH_SIZE "
+                    f"{speedup_big.where.get('max_batch_size', '?')}: {gains} ({band}).")
     return Verdict("the larger fixed share gains more", word == "gained more", word, sentence)
 
 
@@ -518,8 +526,8 @@ def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s:
                     f"apart, since {_why_not_apart(pick, tied[0])}. Best within the budget: {listing}")
     else:
         word = "pick"
-        within = "best within the budget" if len(ranked) > 1 else "the only setting within the budget"
-        sentence = f"For a p99 budget of {budget_s * 1e3:.0f} ms, {word} {pick.where[setting]} ({within}: {listing})"
+        within = "Best within the budget" if len(ranked) > 1 else "The only setting within the budget"
+        sentence = f"For a p99 budget of {budget_s * 1e3:.0f} ms, {word} {pick.where[setting]}. {within}: {listing}"
     sentence += (f"; not within it at that load: {', '.join(missed)}." if missed else ".")
     near = best[pick.where[setting]][1].value
     if definitions.agree(near, budget_s):
@@ -626,7 +634,7 @@ def refused_at_once(refusal: Measurement, expected: Sequence[int]) -> Verdict:
     holds = refused == list(expected) and busy and quick
     word = "at once" if quick else "late"
     return Verdict("a full queue refuses at once", holds, word,
-                   f"Clients {refused} were refused (503), "
+                   f"Clients {_and(map(str, refused))} were refused (503), "
                    + ("each" if busy else "not all") + " while the model was running a batch, "
                    f"and heard it {word}: within {refusal.value * 1e6:.0f} µs of arriving"
                    + ("" if refused == list(expected) else f" (the script expected {list(expected)})") + ".")
@@ -671,7 +679,7 @@ def kept_up(worst_p99: Measurement, bound_s: float, bound_from: str = "") -> Ver
                    f"`{worst_p99.model}` {word} at every rate: its worst {worst_p99.quantity}, "
                    f"{_ms(worst_p99.value)} at {worst_p99.where.get('offered_rps')} requests/s, "
                    + ("stayed under" if holds else "went past") + f" {_ms(bound_s)}"
-                   + (f" ({bound_from})." if bound_from else "."))
+                   + (f", {bound_from}." if bound_from else "."))
 
 
 def shares_server_work(t_http_batched: Measurement, t_http_alone: Measurement) -> Verdict:
@@ -764,7 +772,8 @@ def wait_is_a_bound(queued: Measurement) -> Verdict:
     word = "a bound, not a delay" if holds else "as long as a delay"
     return Verdict("max_wait is a bound", holds, word,
                    f"For {queued.model} max_wait {wait_s * 1e3:g} ms was {word}: the mean queue wait was "
-                   f"{queued.value * 1e3:.1f} ms (a fixed delay would put it above {wait_s * 1e3 / 2:g} ms).")
+                   f"{queued.value * 1e3:.1f} ms (a delay that every request of a burst's first call sat out would put the mean above half of "
+                   f"max_wait, {wait_s * 1e3 / 2:g} ms).")
 
 
 def wait_delays(greedy: Measurement, waiting: Measurement) -> Verdict:
@@ -822,7 +831,7 @@ def stall_hidden(closed_share: tuple[float, float], open_share: tuple[float, flo
     word = "hid" if holds else "did not hide"
     return Verdict("a closed loop hides a stall", holds, word,
                    f"The closed loop {word} the {stall_s:g} s stall: its slowest request took {closed_max_s:.2f} s "
-                   f"({'it lived through the stall' if lived else 'it never met the stall'}), yet "
+                   f"({'it lived through the stall' if lived else 'it never met the stall'}), yet only "
                    f"{share_bracket(closed_share)} of its requests took over {stall_s / 2:g} s, against "
                    f"{share_bracket(open_share)} of the open loop's through the same stall.")
 
@@ -880,7 +889,8 @@ def queue_bound_holds(wait: Measurement, drain: Measurement, batch: Measurement,
                    f"by {band:.0%}); the median accepted request took {wait.value * 1e3:.0f} ms"
                    f"{where}. The bounds apply because the queue stayed full: arrivals "
                    f"refilled a batch's {max_batch_size} places in about {refill * 1e3:.0f} ms of a "
-                   f"{batch.value * 1e3:.0f} ms batch.")
+                   f"{batch.value * 1e3:.0f} ms batch. The drain rate comes from the wait's own window, so this "
+                   f"checks the queue's accounting, not a forecast.")
 
 
 def shedding_costs(capacity: Measurement, drain: Measurement, batch_saturated: Measurement,
@@ -1064,9 +1074,11 @@ def beats_serial(served: Measurement, t_http: Measurement, call_s: float, batch_
     holds = served.value > limit and not definitions.agree(served.value, limit)
     word = "overlapped" if holds else "did not clearly overlap"
     return Verdict("the loop's work overlaps the device's call", holds, word,
-                   f"{served.model}: the loop's work {word} the device's call: served {served.value:.0f} requests/s, "
-                   f"{served.value / limit:.2f}× the serial estimate 1 / (t_http + t({batch_size})/{batch_size}) "
-                   f"= {limit:.0f}/s (noise band {definitions.NOISE_BAND:.0%}).")
+                   f"{served.model} served {served.value:.0f} requests/s, {served.value / limit:.2f}× the serial "
+                   f"estimate 1 / (t_http + t({batch_size})/{batch_size}) = {limit:.0f}/s (noise band "
+                   f"{definitions.NOISE_BAND:.0%}): "
+                   + ("consistent with the loop's work overlapping the device's call." if holds else
+                      "the loop's work did not clearly overlap the device's call."))
 
 
 def compared(a: Measurement, b: Measurement, a_is: str, b_is: str) -> Verdict:
@@ -1139,8 +1151,17 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
             for label, at in by_setting.items()}
     budget = f"p99 ≤ {budget_s * 1e3:.4g} ms"   # as set, not rounded: a p99 at the edge is judged by it
     if all(load is None for load in held.values()):
+        unshed = [(point["p99"].spread[1], label, load) for label, at in by_setting.items()
+                  for load, point in at.items() if point["shed"] == 0]
+        nearest = ""
+        if unshed:
+            p99, label, load = min(unshed)
+            nearest = (f" Nearest: {label} at {load:g} requests/s, its highest repeat's p99 {p99 * 1e3:.0f} ms, "
+                       f"{p99 / budget_s - 1:.0%} over" + (
+                           f", within the noise band ({definitions.NOISE_BAND:.0%}): a re-run may let it in."
+                           if definitions.agree(p99, budget_s) else "."))
         return Verdict("the data choose one setting", False, "no setting holds",
-                       f"For {budget}: no setting holds it with nothing shed at any load swept.")
+                       f"For {budget}: no setting holds it with nothing shed at any load swept.{nearest}")
     top = max(load for load in held.values() if load is not None)
     candidates = [label for label, load in held.items() if load == top]
     loads = sorted({load for at in by_setting.values() for load in at})
@@ -1219,12 +1240,13 @@ def faulting_slows(faulted: Sequence[tuple[int, float, float]]) -> Verdict:
 
 def misses_reach(percentiles_ms: Mapping[float, float], slow: int, requests: int, load_ms: float,
                  margin: int = 3) -> Verdict:
-    """Whether the slow requests reach exactly the percentiles their count predicts (appendix 09).
+    """Whether the misses reach exactly the percentiles their count predicts (appendix 09).
 
-    ``slow`` requests of ``requests`` took at least ``load_ms`` (every miss waits for a load; a
-    warm request that slow counts too). The *q*-th percentile (``percentiles_ms``: *q* in (0, 1)
-    -> its value) is then predicted to take ``load_ms`` or more exactly when the slow share
-    exceeds ``1 - q``. A percentile whose edge lies within ``margin`` requests of that count is
+    ``slow`` requests of ``requests`` waited for a load, as their answers said (every such
+    request takes at least ``load_ms``). The *q*-th percentile (``percentiles_ms``: *q* in
+    (0, 1) -> its value) is then predicted to take ``load_ms`` or more exactly when the misses'
+    share exceeds ``1 - q``: counted from the answers, not from the latencies, so a warm request
+    that was as slow can make a prediction miss. A percentile whose edge lies within ``margin`` requests of that count is
     too close to call (interpolation between neighbours decides it) and is left out. It holds
     when every percentile judged went as predicted, and at least one was judged.
     """
@@ -1243,8 +1265,9 @@ def misses_reach(percentiles_ms: Mapping[float, float], slow: int, requests: int
         else:
             missed.append(name)
     holds = bool(held) and not missed
-    sentence = (f"{slow} of {requests} requests took {load_ms:.0f} ms or more (a share of {share:.2f}); "
-                f"a percentile q was predicted to include one exactly when that share exceeds 1 − q. "
+    sentence = (f"{slow} of {requests} requests waited for a load, by their answers (a share of {share:.2f}); "
+                f"a percentile q was predicted to take the load's {load_ms:.0f} ms or more exactly when that "
+                f"share exceeds 1 − q. "
                 f"The prediction held at {_and(held) if held else 'none'}")
     sentence += f" and missed at {_and(missed)}" if missed else ""
     sentence += (f"; {_and(close)} lay within {margin} requests of the edge, too close to call." if close else ".")

@@ -47,7 +47,7 @@ def is_mirror_of(client: int, output: torch.Tensor) -> bool:
 
 def print_timeline(timeline) -> None:
     """One line per client of an ``instruments.Timeline``: arrival, launch, queue wait, answer."""
-    print(f"{'client':>6} {'arrived':>8} {'launched':>9} {'queued':>7} {'done':>6} {'answer':>7} {'batch':>6}")
+    print(f"{'client':>6} {'arrived':>8} {'launched':>9} {'waited':>7} {'done':>6} {'answer':>7} {'batch':>6}")
     for r in timeline.requests:
         if r.status == 200:
             print(f"{r.client:>6} {r.arrived:>7.2f}s {r.launched:>8.2f}s {r.launched - r.arrived:>6.2f}s "
