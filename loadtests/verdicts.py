@@ -26,7 +26,7 @@ if not __package__:  # locust -f loadtests imports each file on its own, from an
     import _repo_path  # noqa: F401
 
 from loadtests import definitions
-from loadtests.instruments import Measurement
+from loadtests.instruments import Measurement, signed
 
 #: The model's or the server's gain from which batching is worth its added latency at all ...
 PAYS_A_LITTLE = 1.2
@@ -130,7 +130,7 @@ def follows(served: Measurement, predicted_x: float, predicted_by: str = "the se
     inside = not holds and low <= predicted_x <= high
     word = "follows" if holds else "cannot be told apart from" if inside else "does not follow"
     sentence = (f"The served gain of {served.model} ({served.value:.2f}×) {word} {predicted_by} "
-                f"({predicted_x:.2f}×): off by {off:+.0%}, "
+                f"({predicted_x:.2f}×): off by {signed(format(off, '+.0%'))}, "
                 + ("within" if holds else "outside") + f" the noise band ({definitions.NOISE_BAND:.0%})")
     sentence += (f", but inside the served gain's own range over its repeats ({low:.2f}–{high:.2f}×)." if inside
                  else ".")
@@ -378,11 +378,11 @@ def passes_on(served: Measurement, model_gain: Measurement) -> Verdict:
             f"{model_gain.value:.2f}× in process over the measured t(1), at MAX_BATCH_SIZE {b}: ")
     if word == "cannot be told apart from passing on":
         return Verdict("the server passes the model's gain on", True, word, head + (
-            f"the served gain came out {off:+.0%} against the model's, beyond the noise band "
+            f"the served gain came out {signed(format(off, '+.0%'))} against the model's, beyond the noise band "
             f"({definitions.NOISE_BAND:.0%}), but this run cannot tell whether the server added to the gain or "
             f"only passed it on; {why}"), TOLD_APART_RULE)
     return Verdict("the server passes the model's gain on", word != "ate part of", word,
-                   head + f"the server {word} the model's gain ({off:+.0%}), {why}", TOLD_APART_RULE)
+                   head + f"the server {word} the model's gain ({signed(format(off, '+.0%'))}), {why}", TOLD_APART_RULE)
 
 
 def _exceeds(a: float, b: float) -> bool:
@@ -1002,7 +1002,7 @@ def wait_costs_latency(greedy_p50: Measurement, waiting_p50: Measurement, t1_s: 
     word = "cost the median request" if holds else "did not cost the median request a share of the wait,"
     return Verdict("the wait costs the median request", holds, word,
                    f"At {_load(greedy_p50)} requests/s a MAX_WAIT of {wait_s * 1e3:g} ms {word} "
-                   f"{cost * 1e3:+.0f} ms (p50 {greedy_p50.value * 1e3:.0f} → {waiting_p50.value * 1e3:.0f} ms; "
+                   f"{signed(format(cost * 1e3, '+.0f'))} ms (p50 {greedy_p50.value * 1e3:.0f} → {waiting_p50.value * 1e3:.0f} ms; "
                    f"expected between a quarter of the wait and the wait plus two batch-1 calls, "
                    f"{0.25 * wait_s * 1e3:.0f} to {(wait_s + 2 * t1_s) * 1e3:.0f} ms).")
 

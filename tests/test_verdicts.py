@@ -273,7 +273,7 @@ def test_a_server_that_ate_the_gain_does_not_pass_it_on():
     """The counterexample: a served gain a third below the model's over t(1) must not read as
     'the server passed it on', however large the gain itself (it still pays)."""
     ate = verdicts.passes_on(gain("served gain", 3.9), over_t1(5.81))
-    assert not ate.holds and ate.word == "ate part of" and "-33%" in ate.sentence
+    assert not ate.holds and ate.word == "ate part of" and "−33%" in ate.sentence
     assert verdicts.pays(gain("served gain", 3.9)).holds
 
 
