@@ -1278,6 +1278,39 @@ def misses_reach(percentiles_ms: Mapping[float, float], slow: int, requests: int
                    "held" if holds else "missed", sentence)
 
 
+def zipf_fits(counts: Sequence[int], exponent: float, sigmas: float = 3.0) -> tuple[Verdict, float, float]:
+    """Whether requests counted by popularity rank fall as ``1 / rank^exponent`` (appendix 13).
+
+    ``counts``: requests answered per model, rank 1 first. The exponent is fitted over all of
+    them at once, a weighted least-squares line through (log rank, log count) whose weights
+    are the counts (a count of n has a counting noise of √n, so its logarithm one of 1/√n);
+    its standard error comes from the same weights. It holds when the fitted exponent lies
+    within ``sigmas`` standard errors of ``exponent``: a fit over every rank, not the ratio of
+    two, and a band from this run's own counts, not a fixed factor. Returns the verdict, the
+    fitted exponent and its standard error.
+    """
+    if len(counts) < 2 or min(counts) < 1:
+        raise ValueError(f"need at least two ranks, each with a request; got {list(counts)}")
+    x = [math.log(rank) for rank in range(1, len(counts) + 1)]
+    y = [math.log(n) for n in counts]
+    total = sum(counts)
+    x_mean = sum(n * xi for n, xi in zip(counts, x)) / total
+    y_mean = sum(n * yi for n, yi in zip(counts, y)) / total
+    spread = sum(n * (xi - x_mean) ** 2 for n, xi in zip(counts, x))
+    fitted = -sum(n * (xi - x_mean) * (yi - y_mean) for n, xi, yi in zip(counts, x, y)) / spread
+    error = 1 / math.sqrt(spread)
+    apart = abs(fitted - exponent) / error
+    holds = apart <= sigmas
+    sentence = (f"Fitted over ranks 1–{len(counts)} (each count weighted by itself: a count of n has a noise of "
+                f"√n), the server's counts fall as 1 / rank^s with s = {fitted:.2f} ± {error:.2f}, "
+                f"{apart:.1f} standard errors from the scenario's {exponent:g}: "
+                + (f"within {sigmas:g}, so popularity is skewed as the scenario draws it."
+                   if holds else f"further apart than {sigmas:g}, so this run's popularity was "
+                   + ("flatter" if fitted < exponent else "steeper") + " than the scenario draws it."))
+    return (Verdict("popularity falls as the scenario's Zipf curve", holds, "within" if holds else "apart",
+                    sentence), fitted, error)
+
+
 def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float) -> Verdict:
     """Whether batch 1's kind of kernel points the way t(1) lies off the cost line (appendix 10).
 

@@ -1194,3 +1194,24 @@ def test_a_cpu_time_beyond_the_wall_time_of_another_run_says_the_call_ran_slower
     with pytest.raises(Incomparable):   # several threads: CPU time may exceed wall time
         verdicts.cpu_within_wall(measurement("t(1)", "resnet18", 0.01, "s", (0.01, 0.01), 5,
                                              {"clock": "cpu", "threads": 4}), t1(6.73e-3, "wall"), "01")
+
+
+def test_zipf_fits_over_every_rank_within_the_runs_own_noise():
+    """Appendix 13's run (268, 124, 66, 45 requests at ranks 1-4, s = 1.2) fits; the factor-of-two
+    check it replaced also passed counts as flat as s = 0.95 and as steep as s = 1.6, which the
+    fit refuses."""
+    run, fitted, error = verdicts.zipf_fits([268, 124, 66, 45], 1.2)
+    assert run.holds and round(fitted, 2) == 1.25 and round(error, 3) == 0.088
+    assert ("Fitted over ranks 1–4 (each count weighted by itself: a count of n has a noise of √n), the server's counts "
+            "fall as 1 / rank^s with s = 1.25 ± 0.09, 0.6 standard errors from the scenario's 1.2: within 3, so "
+            "popularity is skewed as the scenario draws it." == run.sentence)
+    flat = [round(300 / r ** 0.95) for r in range(1, 5)]     # 300, 155, 106, 80: 3.8x, inside 5.3x / 2
+    assert 5.3 / 2 < flat[0] / flat[3] and not verdicts.zipf_fits(flat, 1.2)[0]
+    assert "flatter than the scenario draws it" in verdicts.zipf_fits(flat, 1.2)[0].sentence
+    steep = [round(300 / r ** 1.6) for r in range(1, 5)]     # 300, 99, 52, 33: 9.1x, inside 2 x 5.3x
+    assert steep[0] / steep[3] < 2 * 5.3 and not verdicts.zipf_fits(steep, 1.2)[0]
+    assert "steeper" in verdicts.zipf_fits(steep, 1.2)[0].sentence
+    with pytest.raises(ValueError):
+        verdicts.zipf_fits([268], 1.2)
+    with pytest.raises(ValueError):
+        verdicts.zipf_fits([268, 0], 1.2)
