@@ -1113,7 +1113,7 @@ def refusal_time(timeline: Timeline) -> Measurement:
         raise ValueError(f"{timeline.runner} refused no client")
     times = [r.done - r.arrived for r in refused]
     while_busy = all(any(s <= r.arrived <= e for s, e, _ in timeline.calls) for r in refused)
-    return measurement("time to refuse", timeline.runner, max(times), "s", _spread(times), len(times),
+    return measurement("longest time to refuse", timeline.runner, max(times), "s", _spread(times), len(times),
                        timeline.conditions(), {"refused": tuple(r.client for r in refused),
                                                "while_busy": while_busy}, over="refused clients")
 

@@ -130,7 +130,7 @@ def follows(served: Measurement, predicted_x: float, predicted_by: str = "the se
     inside = not holds and low <= predicted_x <= high
     word = "follows" if holds else "cannot be told apart from" if inside else "does not follow"
     sentence = (f"The served gain of {served.model} ({served.value:.2f}×) {word} {predicted_by} "
-                f"({predicted_x:.2f}×): off by {signed(format(off, '+.0%'))}, "
+                f"({predicted_x:.2f}×): off by {_signed_share(off)}, "
                 + ("within" if holds else "outside") + f" the noise band ({definitions.NOISE_BAND:.0%})")
     sentence += (f", but inside the served gain's own range over its repeats ({low:.2f}–{high:.2f}×)." if inside
                  else ".")
@@ -264,25 +264,28 @@ TOLD_APART_RULE = (f"Two measurements are told apart only when their values diff
 def wait_saved(greedy: Measurement, waiting: Measurement) -> Verdict:
     """What a MAX_WAIT saved of greedy's device time per request at the *same* offered load
     (``definitions.device_time_saved``): refused at different loads, since batches grow
-    with the load whatever the setting. It holds when the saving exceeds the noise band, and
-    when the two lie within the band of each other (a short run cannot tell the saving from
-    noise, and says so); it fails only when the wait cost device time beyond the band."""
+    with the load whatever the setting. It says "saved" only when the two are told apart
+    (:data:`TOLD_APART_RULE`) and the wait's is the smaller; when they are not told apart (values
+    within the noise band, or ranges over the repeats that do not rank them) it holds and says
+    that this run cannot tell the saving from noise, and why; it fails only when the wait is
+    told apart as costing more."""
     if greedy.quantity != "device time per request":
         raise Incomparable(f"the wait's saving is in device time per request, got {greedy.quantity!r}")
     comparable(greedy, waiting, ignore=("policy", "max_wait_ms"))
     saved = definitions.device_time_saved(greedy.value, waiting.value)
-    within = definitions.agree(greedy.value, waiting.value)
-    holds = saved > 0 or within
-    word = ("saved no more than the noise band of" if within else "saved" if saved > 0 else
-            "cost more, beyond the noise band,")
+    apart = _told_apart(greedy, waiting)
+    holds = saved > 0 or not apart
+    word = "saved" if apart and saved > 0 else "cost more" if apart else "did not measurably save"
     load = (f"{_load(greedy)} requests/s" if "offered_rps" in greedy.where
             else greedy.where.get("load", "the same load"))
-    return Verdict("the wait saved device time", holds, word,
-                   f"At {load}, the wait {word} device time per request: "
-                   f"{waiting.value * 1e3:.2f} ms against {greedy.value * 1e3:.2f} ms without the wait "
-                   f"({abs(saved):.0%} {'less' if saved >= 0 else 'more'}"
-                   f"{'' if word == 'saved' else f', noise band {definitions.NOISE_BAND:.0%}'})"
-                   + ("; this run cannot tell the saving from noise." if within else "."))
+    compared = (f"{_value(waiting)} against {_value(greedy)} without the wait "
+                f"({abs(saved):.0%} {'less' if saved >= 0 else 'more'})")
+    if apart:
+        sentence = f"At {load}, the wait {word} device time per request: {compared}."
+    else:
+        sentence = (f"At {load}, the wait's device time per request was not told apart from greedy's: {compared}; "
+                    f"{_why_not_apart(greedy, waiting)}, so this run cannot tell the saving from noise.")
+    return Verdict("the wait saved device time", holds, word, sentence, TOLD_APART_RULE)
 
 
 def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement) -> Verdict:
@@ -378,11 +381,11 @@ def passes_on(served: Measurement, model_gain: Measurement) -> Verdict:
             f"{model_gain.value:.2f}× in process over the measured t(1), at MAX_BATCH_SIZE {b}: ")
     if word == "cannot be told apart from passing on":
         return Verdict("the server passes the model's gain on", True, word, head + (
-            f"the served gain came out {signed(format(off, '+.0%'))} against the model's, beyond the noise band "
+            f"the served gain came out {_signed_share(off)} against the model's, beyond the noise band "
             f"({definitions.NOISE_BAND:.0%}), but this run cannot tell whether the server added to the gain or "
             f"only passed it on; {why}"), TOLD_APART_RULE)
     return Verdict("the server passes the model's gain on", word != "ate part of", word,
-                   head + f"the server {word} the model's gain ({signed(format(off, '+.0%'))}), {why}", TOLD_APART_RULE)
+                   head + f"the server {word} the model's gain ({_signed_share(off)}), {why}", TOLD_APART_RULE)
 
 
 def _exceeds(a: float, b: float) -> bool:
@@ -626,8 +629,8 @@ def launched_at_once(wait: Measurement) -> Verdict:
 def refused_at_once(refusal: Measurement, expected: Sequence[int]) -> Verdict:
     """Whether exactly the ``expected`` clients were refused, each while the model was running a
     call, and each heard it within ``SCHEDULING_SLACK_S`` (``instruments.refusal_time``)."""
-    if refusal.quantity != "time to refuse":
-        raise Incomparable(f"need a time to refuse, got {refusal.quantity!r}")
+    if refusal.quantity != "longest time to refuse":
+        raise Incomparable(f"need a longest time to refuse, got {refusal.quantity!r}")
     refused = list(refusal.observed.get("refused", ()))
     busy = bool(refusal.observed.get("while_busy"))
     quick = refusal.value < definitions.SCHEDULING_SLACK_S
@@ -772,8 +775,8 @@ def wait_is_a_bound(queued: Measurement) -> Verdict:
     word = "a bound, not a delay" if holds else "as long as a delay"
     return Verdict("max_wait is a bound", holds, word,
                    f"For {queued.model} max_wait {wait_s * 1e3:g} ms was {word}: the mean queue wait was "
-                   f"{queued.value * 1e3:.1f} ms (a delay that every request of a burst's first call sat out would put the mean above half of "
-                   f"max_wait, {wait_s * 1e3 / 2:g} ms).")
+                   f"{queued.value * 1e3:.1f} ms (a delay that every request of a burst's first call sat out "
+                   f"would put the mean above half of max_wait, {wait_s * 1e3 / 2:g} ms).")
 
 
 def wait_delays(greedy: Measurement, waiting: Measurement) -> Verdict:
@@ -1339,6 +1342,11 @@ def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float) -> V
                    f"{model}: with oneDNN off, batch 2 ran batch 1's kind of kernel and took {kernel_ratio:.2f}× its "
                    f"time with oneDNN on, and t(1) was {off_line:.2f}× the line's F + c; {why} "
                    f"(noise band {definitions.NOISE_BAND:.0%}).")
+
+
+def _signed_share(fraction: float) -> str:
+    """A relative difference as a signed whole percentage with a true minus: ``+12%``, ``−4%``."""
+    return signed(format(fraction, "+.0%"))
 
 
 def _and(items: Iterable[str]) -> str:

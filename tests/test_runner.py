@@ -700,31 +700,9 @@ def test_enqueued_requests_answer_on_their_futures_and_a_withdrawn_one_never_run
         (3, 2, 1)
 
 
-def test_an_enqueued_request_past_its_deadline_is_answered_and_leaves_the_queue():
-    model = Held()
-
-    async def main():
-        settings = BatchSettings(max_batch_size=1, max_wait=0)
-        async with ModelRunner(model, settings, name="m") as runner:
-            first = runner.reserve().submit(row(0.0))
-            await model.wait_entered()
-            late = runner.reserve().submit(row(1.0),
-                                           deadline=asyncio.get_running_loop().time() + 0.01)
-            with pytest.raises(InvocationTimeout, match="before the request's deadline"):
-                await asyncio.wait_for(late, GATE_SECONDS)
-            assert runner.queue_depth == 0
-            model.release.set()
-            await first
-        with pytest.raises(RunnerClosed):
-            runner.reserve()
-
-    run(main())
-    assert model.calls == [[0.0]]
-
-
-def test_requests_expire_in_the_order_of_their_deadlines_not_of_their_arrival():
-    """One timer serves every deadline of a queue: an earlier deadline that arrives later
-    still expires first, and a request without one waits for its answer."""
+def test_enqueued_requests_past_their_deadlines_are_answered_in_deadline_order_and_leave_the_queue():
+    """An earlier deadline that arrives later still expires first; a request without one waits
+    for its answer."""
     model = Held()
 
     async def main():
@@ -736,15 +714,17 @@ def test_requests_expire_in_the_order_of_their_deadlines_not_of_their_arrival():
             late = runner.reserve().submit(row(1.0), deadline=now + 0.3)
             soon = runner.reserve().submit(row(2.0), deadline=now + 0.02)
             patient = runner.reserve().submit(row(3.0))
-            with pytest.raises(InvocationTimeout):
+            with pytest.raises(InvocationTimeout, match="before the request's deadline"):
                 await asyncio.wait_for(soon, GATE_SECONDS)
             assert not late.done() and runner.queue_depth == 2
-            with pytest.raises(InvocationTimeout):
+            with pytest.raises(InvocationTimeout, match="before the request's deadline"):
                 await asyncio.wait_for(late, GATE_SECONDS)
             assert not patient.done() and runner.queue_depth == 1
             model.release.set()
             assert torch.equal(await first, row(1.0))
             assert torch.equal(await asyncio.wait_for(patient, GATE_SECONDS), row(7.0))
+        with pytest.raises(RunnerClosed):
+            runner.reserve()
 
     run(main())
     assert model.calls == [[0.0], [3.0]]
