@@ -285,7 +285,7 @@ def print_feeding(label: str, run: instruments.ServerRun, times: instruments.Cal
     per_request, core = instruments.device_time_per_request(run), instruments.core_share(run)
     t_http, ceiling = instruments.t_http(run), instruments.offline_ceiling(times, run.max_batch_size)
     b = run.max_batch_size
-    print(f"{label:>10} (simulated): ceiling {ceiling.value:6.0f} requests/s | served {served.value:6.0f}/s, "
+    print(f"{label:>18}: ceiling {ceiling.value:6.0f} requests/s | served {served.value:6.0f} requests/s, "
           f"batches of {run.mean_batch:4.1f} rows; calls as the server times them "
           f"{per_request.value * run.mean_batch * 1e3:.1f} ms (device t({b // 2}) {times.seconds(b // 2) * 1e3:.1f}, "
           f"t({b}) {times.seconds(b) * 1e3:.1f} ms) | server core "

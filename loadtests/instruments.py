@@ -113,7 +113,7 @@ class Measurement:
     def describe(self) -> str:
         """One line, e.g. ``t_http of noop: 131 µs (120–140 µs over 3 repeats; clock=...)``, or
         ``(98% in each of 3 repeats; ...)`` when the range's two ends print the same."""
-        text = f"{self.quantity} of {self.model}: {_show(self.value, self.unit)}"
+        text = f"{self.quantity} of {self.model}: {self._value_text()}"
         text += f" ({self.spread_text() if self.repeats > 1 else self.counted()}"
         details = [f"{k}={v}" for k, v in self.conditions + self.context]
         return text + ("; " + ", ".join(details) if details else "") + ")"
@@ -121,8 +121,15 @@ class Measurement:
     def shown(self) -> str:
         """The value as a sentence prints it, with its range when it has repeats:
         ``164 µs (148–185 µs over 3 repeats)``, ``155 µs (155 µs in each of 3 repeats)``."""
-        text = _show(self.value, self.unit)
+        text = self._value_text()
         return f"{text} ({self.spread_text()})" if self.repeats > 1 else text
+
+    def _value_text(self) -> str:
+        """The value in the unit its range is written in (seconds in s, ms or µs as the range's
+        larger end needs), so that ``0.401 s (0.301–1.31 s ...)`` never reads ``401 ms (0.301–1.31 s``."""
+        if self.repeats <= 1:
+            return _show(self.value, self.unit)
+        return _show(self.value, self.unit, scale_of=max(abs(end) for end in self.spread))
 
     def spread_text(self) -> str:
         """The range over the repeats as every sentence writes it: ``120–140 µs over 3 repeats``,
@@ -353,10 +360,12 @@ def cost_line(times: CallTimes) -> tuple[Measurement, Measurement]:
 
 def out_of_order(times: CallTimes) -> list[tuple[int, int]]:
     """Each pair of neighbouring timed sizes ``(b, b')``, ``b < b'``, whose median call of more
-    rows took *less* time: ``t(b) > t(b')``. No model's call costs less for more rows, so such a
-    pair is a disturbed median (another process had the core during passes), and a cost line
-    through it is bent: F, c and the fixed share carry the disturbance. Notebooks print it
-    beside the line. Tolerance: exact (a comparison of the medians timed)."""
+    rows took *less* time: ``t(b) > t(b')``. Among the sizes the line is fitted through, no
+    model's call costs less for more rows, so such a pair is a disturbed median (another process
+    had the core during passes), and the line through it is bent: F, c and the fixed share carry
+    the disturbance. ``t(1) > t(2)`` may instead be batch 1's own kernels (appendix 10), which the
+    line, fitted from b = 2, leaves out. Notebooks print it beside the line. Tolerance: exact (a
+    comparison of the medians timed)."""
     pairs = zip(zip(times.batch_sizes, times.medians), zip(times.batch_sizes[1:], times.medians[1:]))
     return [(b, b_next) for (b, t), (b_next, t_next) in pairs if t > t_next]
 

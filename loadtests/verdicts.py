@@ -280,12 +280,14 @@ def wait_saved(greedy: Measurement, waiting: Measurement) -> Verdict:
             else greedy.where.get("load", "the same load"))
     compared = (f"{_value(waiting)} against {_value(greedy)} without the wait "
                 f"({abs(saved):.0%} {'less' if saved >= 0 else 'more'})")
+    single = greedy.repeats == 1 and waiting.repeats == 1
     if apart:
-        sentence = f"At {load}, the wait {word} device time per request: {compared}."
+        sentence = (f"At {load}, the wait {word} device time per request: {compared}"
+                    + ("; one run per setting, told apart by the noise band alone." if single else "."))
     else:
         sentence = (f"At {load}, the wait's device time per request was not told apart from greedy's: {compared}; "
                     f"{_why_not_apart(greedy, waiting)}, so this run cannot tell the saving from noise.")
-    return Verdict("the wait saved device time", holds, word, sentence, TOLD_APART_RULE)
+    return Verdict("the wait saved device time", holds, word, sentence, "" if single else TOLD_APART_RULE)
 
 
 def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement) -> Verdict:
@@ -1051,19 +1053,25 @@ def neighbour_gains(beside_greedy: Measurement, beside_waiting: Measurement,
 
 def core_feeds(t_http: Measurement, ceiling: Measurement) -> Verdict:
     """Whether one core has the CPU to serve the device's ceiling: ``cores_to_feed`` = ceiling
-    (``instruments.offline_ceiling``, rows/s) × ``t_http`` (``instruments.t_http``) under 1
-    beyond the noise band. Over 1 beyond it: it cannot; within the band of 1: cannot tell."""
+    (``instruments.offline_ceiling``, rows/s) × ``t_http`` (``instruments.t_http``), over
+    t_http's whole range across the repeats. Under 1 beyond the noise band at the range's
+    high end: it has; over 1 beyond the band at its low end: it lacks; a range that reaches
+    into the band around 1: cannot tell."""
     _need(t_http, "t_http")
     _need(ceiling, "offline ceiling")
     cores = definitions.cores_to_feed(ceiling.value, t_http.value)
-    if definitions.agree(cores, 1.0):
-        word = "may or may not have"
+    low, high = (definitions.cores_to_feed(ceiling.value, t) for t in t_http.spread)
+    if high < 1 and not definitions.agree(high, 1.0):
+        word = "has"
+    elif low > 1 and not definitions.agree(low, 1.0):
+        word = "lacks"
     else:
-        word = "has" if cores < 1 else "lacks"
+        word = "may or may not have"
+    spread = (f"{low:.2f}–{high:.2f} over {t_http.counted()}; " if t_http.repeats > 1 else "")
     return Verdict("one core has the CPU to feed the device", word == "has", word,
                    f"One core {word} the CPU to serve {ceiling.model}'s ceiling of {ceiling.value:.0f} requests/s "
                    f"at {t_http.value * 1e6:.0f} µs of CPU per request ({t_http.model}): cores_to_feed = "
-                   f"{cores:.2f} (noise band {definitions.NOISE_BAND:.0%} around 1).")
+                   f"{cores:.2f} ({spread}noise band {definitions.NOISE_BAND:.0%} around 1).")
 
 
 def beats_serial(served: Measurement, t_http: Measurement, call_s: float, batch_size: int) -> Verdict:

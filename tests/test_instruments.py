@@ -415,9 +415,18 @@ def test_a_range_reads_in_its_high_ends_unit():
 def test_a_range_across_zero_reads_from_minus_to_in_one_unit():
     """01 printed "(from −1.34 ms to 569 µs ..." and, before that, "(-0.30 to 1.23 ms ..."."""
     added = instruments.measurement("server added", "m", -0.47e-3, "s", (-1.34e-3, 0.569e-3), 3)
-    assert added.describe().startswith("server added of m: −470 µs (from −1.34 ms to 0.569 ms over 3 repeats")
+    assert added.describe().startswith("server added of m: −0.47 ms (from −1.34 ms to 0.569 ms over 3 repeats")
     assert instruments.show_range(-0.04, 0.44, "share") == "from −4% to 44%"
     assert instruments.signed("-0.75") == "−0.75" and instruments.signed("+0.75") == "+0.75"
+
+
+def test_a_value_is_written_in_its_ranges_unit():
+    """02 printed "401 ms (0.301–1.31 s over ...)": the value and its range in two units."""
+    latency = instruments.measurement("latency", "m", 0.401, "s", (0.301, 1.31), 9)
+    assert latency.shown() == "0.401 s (0.301–1.31 s over 9 repeats)"
+    assert latency.describe().startswith("latency of m: 0.401 s (0.301–1.31 s over 9 repeats")
+    alone = instruments.measurement("latency", "m", 0.401, "s", (0.401, 0.401), 1)
+    assert alone.shown() == "401 ms"
 
 
 def test_a_range_whose_ends_print_the_same_is_one_value():

@@ -225,6 +225,16 @@ def test_the_wait_saved_at_one_load():
     assert not verdicts.wait_saved(greedy, more).holds and verdicts.wait_saved(greedy, more).word == "cost more"
 
 
+def test_the_wait_saved_in_one_run_each_says_so_and_states_no_rule_of_repeats():
+    greedy = measurement("device time per request", "m", 11.5e-3, "s", (11.5e-3, 11.5e-3), 1,
+                         {"clock": "wall", "offered_rps": 20, "policy": "greedy"})
+    timer = measurement("device time per request", "m", 6.55e-3, "s", (6.55e-3, 6.55e-3), 1,
+                        {"clock": "wall", "offered_rps": 20, "policy": "timer"})
+    verdict = verdicts.wait_saved(greedy, timer)
+    assert verdict.word == "saved" and verdict.rule == ""
+    assert verdict.sentence.endswith("(43% less); one run per setting, told apart by the noise band alone.")
+
+
 def test_the_wait_saves_nothing_the_repeats_do_not_tell_apart():
     """The counterexample: 20% less device time per request is beyond the noise band, but over
     ranges that overlap it is not a saving this run measured (the old verdict said "saved")."""
@@ -897,6 +907,18 @@ def test_core_feeds_by_cores_to_feed():
     assert not near and near.word == "may or may not have"
     with pytest.raises(Incomparable):
         verdicts.core_feeds(ceiling(1090.0), t_http)
+
+
+def test_core_feeds_judges_the_whole_range_of_t_http():
+    """08's engine: 63 µs of CPU a request is 1.21 cores at a ceiling of 19161 requests/s, beyond
+    the band, but its range over the repeats (56-72.9 µs) reaches 1.07, inside it."""
+    ceiling = measurement("offline ceiling", "dev", 19161.0, "rows/s", (19161.0, 19161.0), 3, {})
+    engine = measurement("t_http", "sim", 63e-6, "s", (56e-6, 72.9e-6), 3, {"clock": "cpu"})
+    verdict = verdicts.core_feeds(engine, ceiling)
+    assert not verdict and verdict.word == "may or may not have"
+    assert "cores_to_feed = 1.21 (1.07–1.40 over 3 repeats; noise band 15% around 1)." in verdict.sentence
+    narrow = measurement("t_http", "sim", 134e-6, "s", (128e-6, 137e-6), 3, {"clock": "cpu"})
+    assert verdicts.core_feeds(narrow, ceiling).word == "lacks"
 
 
 def test_beats_serial_only_beyond_the_band():
