@@ -1067,7 +1067,8 @@ def core_feeds(t_http: Measurement, ceiling: Measurement) -> Verdict:
         word = "lacks"
     else:
         word = "may or may not have"
-    spread = (f"{low:.2f}–{high:.2f} over {t_http.counted()}; " if t_http.repeats > 1 else "")
+    ends = f"{low:.2f} in each of" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}–{high:.2f} over"
+    spread = f"{ends} {t_http.counted()}; " if t_http.repeats > 1 else ""
     return Verdict("one core has the CPU to feed the device", word == "has", word,
                    f"One core {word} the CPU to serve {ceiling.model}'s ceiling of {ceiling.value:.0f} requests/s "
                    f"at {t_http.value * 1e6:.0f} µs of CPU per request ({t_http.model}): cores_to_feed = "

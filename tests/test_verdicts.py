@@ -919,6 +919,9 @@ def test_core_feeds_judges_the_whole_range_of_t_http():
     assert "cores_to_feed = 1.21 (1.07–1.40 over 3 repeats; noise band 15% around 1)." in verdict.sentence
     narrow = measurement("t_http", "sim", 134e-6, "s", (128e-6, 137e-6), 3, {"clock": "cpu"})
     assert verdicts.core_feeds(narrow, ceiling).word == "lacks"
+    slow_ceiling = measurement("offline ceiling", "dev", 1074.0, "rows/s", (1074.0, 1074.0), 3, {})
+    steady = measurement("t_http", "sim", 159e-6, "s", (158e-6, 160e-6), 3, {"clock": "cpu"})
+    assert "cores_to_feed = 0.17 (0.17 in each of 3 repeats;" in verdicts.core_feeds(steady, slow_ceiling).sentence
 
 
 def test_beats_serial_only_beyond_the_band():
