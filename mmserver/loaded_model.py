@@ -23,7 +23,8 @@ import torch
 
 from mmserver import heap
 from mmserver.batching import ModelRunner
-from mmserver.batching.reservation import Reservation
+from mmserver.batching.pending import QueuedRequest
+from mmserver.errors import MMServerError
 from mmserver.handler.folder import ModelHandler, RowCodecs
 from mmserver.http import answers, triton
 from mmserver.http.service import Call
@@ -105,8 +106,10 @@ class LoadedModel:
     def row_codecs(self) -> RowCodecs | None:
         return self.handler.row_codecs(self.generation)
 
-    def submit_rows(self, rows: Any, pipeline: InvocationPipeline) -> Reservation:
-        return pipeline.submit(self, rows)
+    def submit_rows(self, inputs: list[Any], pipeline: InvocationPipeline,
+                    answered: Callable[[int, QueuedRequest], None]
+                    ) -> tuple[list[QueuedRequest], MMServerError | None]:
+        return pipeline.submit_rows(self, inputs, answered)
 
     def watch_admission(self, listener: Callable[[Exception | None], None]) -> None:
         self.runner.watch_admission(listener)
@@ -168,8 +171,12 @@ class _InvocationInProgress:
         self.model = model
 
     def __enter__(self) -> None:
+        self.enter(1)
+
+    def enter(self, count: int) -> None:
+        """``count`` invocations begin, each to end with :meth:`ended`."""
         model = self.model
-        model._invocations += 1
+        model._invocations += count
         model._idle.clear()
 
     def __exit__(self, *exc_info: object) -> None:

@@ -49,9 +49,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmserver.batching.pending import QueuedRequest
 from mmserver.batching.reservation import Reservation
 from mmserver.config import Settings
-from mmserver.errors import BodyTimeout, InvocationTimeout, PayloadTooLarge
+from mmserver.errors import BodyTimeout, InvocationTimeout, MMServerError, PayloadTooLarge
 from mmserver.workers import WorkerPool
 
 #: Outputs with at least this many numbers are encoded in a worker thread: writing 100,000
@@ -198,25 +199,26 @@ class InvocationPipeline:
             return codec_pool
         return self.decode_pool if wire.heavy_output(rows) else None
 
-    def submit(self, model: Any, data: Any) -> Reservation:
-        """Rows another process decoded (an HTTP worker over the engine), queued now: steps 4
-        on, without a coroutine, so the engine answers a burst of them from one callback.
-        Admission, the deadline and ``model.invocation()`` are :meth:`run`'s; the rows or
-        the error come on the reservation's ``future``, a timeout as :meth:`timed_out`'s
-        once the caller asks; a caller that gives up withdraws it."""
-        runner = model.runner
-        slot = runner.reserve()
+    def submit_rows(self, model: Any, inputs: list[Any],
+                    answered: Callable[[int, QueuedRequest], None]
+                    ) -> tuple[list[QueuedRequest], MMServerError | None]:
+        """Requests another process decoded (an HTTP worker's message to the engine), queued
+        now: steps 4 on, without a coroutine, so that the engine takes a burst of them with
+        one admission check and answers each from one callback. The deadline and
+        ``model.invocation()`` are :meth:`run`'s; admission is the runner's
+        (``ModelRunner.submit_many``). ``answered(position, request)`` is called once each
+        queued request's future is done (its rows, or the error, a timeout as
+        :meth:`timed_out`'s once the caller asks); a caller that gives up cancels the future.
+        Returns the queued requests and the refusal of those that were not (the last ones)."""
         deadline = asyncio.get_running_loop().time() + self.settings.model_server_timeout_seconds
-        invocation = model.invocation()
-        invocation.__enter__()
-        try:
-            slot.submit(data, deadline=deadline)
-        except BaseException:
-            invocation.__exit__()
-            slot.release()
-            raise
-        slot.future.add_done_callback(invocation.ended)
-        return slot
+        requests, refusal = model.runner.submit_many(inputs, deadline=deadline)
+        if requests:
+            invocation = model.invocation()
+            invocation.enter(len(requests))
+            for position, request in enumerate(requests):
+                request.future.add_done_callback(
+                    functools.partial(_ended, invocation, answered, position, request))
+        return requests, refusal
 
     def timed_out(self, name: str) -> InvocationTimeout:
         """What an invocation of model ``name`` past ``model_server_timeout_seconds`` answers
@@ -242,6 +244,12 @@ class Called:
 #: Step 4 of :meth:`InvocationPipeline.answer`: decoded rows and the deadline (the loop's
 #: clock) to what the model gave.
 ModelStep = Callable[[Any, float], Awaitable[Called]]
+
+
+def _ended(invocation: Any, answered: Callable[[int, QueuedRequest], None], position: int,
+           request: QueuedRequest, _: asyncio.Future) -> None:
+    invocation.ended()
+    answered(position, request)
 
 
 async def _through_runner(slot: Reservation, stats: Any, data: Any, deadline: float) -> Called:

@@ -56,9 +56,12 @@ class ServedModel(Protocol):
         """How another process may decode its requests into rows and encode its answers
         (``engine.client``), else None: that process sends bodies whole."""
 
-    def submit_rows(self, rows: Any, pipeline: InvocationPipeline) -> Any:
-        """Rows another process decoded with :meth:`row_codecs`, queued with the pipeline's
-        deadline; the answer's rows come on the returned request's ``future``."""
+    def submit_rows(self, inputs: list[Any], pipeline: InvocationPipeline,
+                    answered: Callable[[int, Any], None]) -> tuple[list[Any], Exception | None]:
+        """Requests another process decoded with :meth:`row_codecs` (each one's rows), queued
+        together with the pipeline's deadline (``InvocationPipeline.submit_rows``): the queued
+        requests, each answer on its ``future`` and told to ``answered(position, request)``,
+        and the refusal of the rest."""
 
     def watch_admission(self, listener: Callable[[Exception | None], None]) -> None:
         """Call ``listener`` when its queue starts (an error) or stops (None) refusing."""

@@ -842,3 +842,64 @@ def test_a_full_batch_queued_behind_a_call_that_gets_stuck_runs_once_it_can():
 
     assert torch.equal(run(main()), row(3.0))
     assert model.calls == [[0.0], [1.0]]
+
+
+def test_requests_that_arrive_together_are_admitted_as_one_after_another_would_be():
+    """An HTTP worker's message to the engine: ``submit_many`` admits what fits, in order, and
+    refuses the rest as that many single requests would be refused (counted each)."""
+    model = Held()
+
+    async def main():
+        settings = BatchSettings(max_batch_size=4, max_wait=0, max_queue_size=3)
+        async with ModelRunner(model, settings, name="m") as runner:
+            first = runner.reserve().submit(row(0.0))
+            await model.wait_entered()
+            requests, refusal = runner.submit_many([row(1.0), row(2.0), row(3.0), row(4.0),
+                                                    row(5.0)])
+            assert len(requests) == 3 and runner.queue_depth == 3
+            assert isinstance(refusal, QueueFull)
+            assert str(refusal) == "model 'm' has 3 requests queued (max_queue_size=3)"
+            assert runner.stats.requests_rejected == 2
+            again, full = runner.submit_many([row(6.0)])
+            assert again == [] and isinstance(full, QueueFull)
+            assert runner.stats.requests_rejected == 3
+            requests[1].future.cancel()  # withdrawn: it leaves the queue uncomputed
+            await until(lambda: runner.queue_depth == 2)
+            model.release.set()
+            assert torch.equal(await first, row(1.0))
+            answers = await asyncio.gather(requests[0].future, requests[2].future)
+            assert [a[0, 0].item() for a in answers] == [3.0, 7.0]
+            assert runner.stats.requests_cancelled == 1
+        requests, refusal = runner.submit_many([row(7.0), row(8.0)])
+        assert requests == [] and isinstance(refusal, RunnerClosed)
+        assert runner.stats.requests_rejected == 3  # a closed runner's refusals are not rejections
+
+    run(main())
+    assert model.calls == [[0.0], [1.0, 3.0]]
+
+
+def test_requests_that_arrive_together_share_one_deadline_and_leave_the_queue_at_it():
+    """One timer for the group: at the deadline every one still queued is answered with
+    :class:`InvocationTimeout` and leaves the queue at once; one answered before is not."""
+    model = Held()
+
+    async def main():
+        settings = BatchSettings(max_batch_size=1, max_wait=0)
+        async with ModelRunner(model, settings, name="m") as runner:
+            first = runner.reserve().submit(row(0.0))
+            await model.wait_entered()
+            now = asyncio.get_running_loop().time()
+            requests, refusal = runner.submit_many([row(1.0), row(2.0), row(3.0)],
+                                                   deadline=now + 0.05)
+            assert refusal is None and runner.queue_depth == 3
+            requests[0].future.cancel()
+            for request in requests[1:]:
+                with pytest.raises(InvocationTimeout, match="before the request's deadline"):
+                    await asyncio.wait_for(request.future, GATE_SECONDS)
+            assert runner.queue_depth == 0
+            assert runner.stats.requests_failed == 2 and runner.stats.requests_cancelled == 1
+            model.release.set()
+            assert torch.equal(await first, row(1.0))
+
+    run(main())
+    assert model.calls == [[0.0]]

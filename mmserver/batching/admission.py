@@ -48,11 +48,24 @@ class Admission:
 
     def check(self) -> None:
         """Raise the refusal, if any; a full queue's counts as a rejected request."""
-        refusal = self.refusal()
+        refusal = self.refused(1)
         if refusal is not None:
-            if isinstance(refusal, QueueFull):
-                self._stats.requests_rejected += 1
             raise refusal
+
+    def room(self) -> int:
+        """How many requests in a row the runner admits now (0 while it refuses): what as many
+        :meth:`check` calls in a row, each followed by a queued request, would let in."""
+        if not self._running() or self._unhealthy() is not None:
+            return 0
+        return max(0, self._settings.max_queue_size - self._depth())
+
+    def refused(self, requests: int) -> MMServerError | None:
+        """The refusal, if any, of ``requests`` asking now, each counted as :meth:`check`
+        counts one."""
+        refusal = self.refusal()
+        if isinstance(refusal, QueueFull):
+            self._stats.requests_rejected += requests
+        return refusal
 
     def watch(self, listener: Callable[[MMServerError | None], None]) -> None:
         """Call ``listener(refusal)`` on the loop each time :meth:`refusal` changes kind: the

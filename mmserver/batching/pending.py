@@ -64,6 +64,22 @@ def answer(request: QueuedRequest, stats: RunnerStats, *, result: Any = None,
         stats.requests_failed += 1
 
 
+class _Expiry:
+    """One timer for requests queued together with one deadline: at the deadline it expires
+    those still waiting; it is cancelled once every one of them is answered."""
+
+    __slots__ = ("waiting", "timer")
+
+    def __init__(self, queue: RequestQueue, requests: list[QueuedRequest], deadline: float):
+        self.waiting = len(requests)
+        self.timer = asyncio.get_running_loop().call_at(deadline, queue.expire, requests)
+
+    def settled(self) -> None:
+        self.waiting -= 1
+        if self.waiting == 0:
+            self.timer.cancel()
+
+
 class RequestQueue:
     """Queued requests, oldest first, and ``reserved`` slots (admitted, still decoding).
 
@@ -93,25 +109,37 @@ class RequestQueue:
 
     def put(self, request: QueuedRequest, deadline: float | None = None) -> None:
         """Queue ``request``; ``deadline`` on the loop's clock, or None."""
-        loop = asyncio.get_running_loop()
-        self._stats.requests_submitted += 1
-        timer = None if deadline is None else loop.call_at(deadline, self._expire, request)
-        request.future.add_done_callback(functools.partial(self._settled, request, timer))
-        self.requests.append(request)
+        self.put_many([request], deadline)
+
+    def put_many(self, requests: list[QueuedRequest], deadline: float | None = None) -> None:
+        """Queue ``requests`` in order, with one deadline for all (the loop's clock, or None):
+        one timer and one change, however many arrived together."""
+        self._stats.requests_submitted += len(requests)
+        expiry = None if deadline is None else _Expiry(self, requests, deadline)
+        settled = self._settled
+        for request in requests:
+            request.future.add_done_callback(functools.partial(settled, request, expiry))
+        self.requests.extend(requests)
         self._on_change()
 
-    def _settled(self, request: QueuedRequest, timer: asyncio.TimerHandle | None,
+    def _settled(self, request: QueuedRequest, expiry: _Expiry | None,
                  future: asyncio.Future) -> None:
-        if timer is not None:
-            timer.cancel()
+        if expiry is not None:
+            expiry.settled()
         if future.cancelled():  # withdrawn: it leaves the queue uncomputed
             self._stats.requests_cancelled += 1
             self.remove(request)
 
-    def _expire(self, request: QueuedRequest) -> None:
-        answer(request, self._stats, error=InvocationTimeout(
-            f"model {self._name!r} did not answer before the request's deadline"))
-        self.remove(request)
+    def expire(self, requests: list[QueuedRequest]) -> None:
+        """Their deadline passed: those still waiting are answered with
+        :class:`InvocationTimeout` and leave the queue at once."""
+        expired = [r for r in requests if not r.future.done()]
+        for request in expired:
+            answer(request, self._stats, error=InvocationTimeout(
+                f"model {self._name!r} did not answer before the request's deadline"))
+        gone = set(expired)
+        self.requests = [r for r in self.requests if r not in gone]
+        self._on_change()
 
     def put_back(self, requests: list[QueuedRequest]) -> None:
         """Requests taken into a batch that did not run go back to the front, in order."""

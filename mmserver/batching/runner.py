@@ -21,8 +21,10 @@ Use it from one event loop::
     rows = await runner.submit(torch.randn(1, 3, 64, 64))
     await runner.stop()
 
-There is one way in, :meth:`ModelRunner.reserve` (``reservation.py``): a queue slot, then
-the request in it, its answer on a future; ``submit`` is those two steps. Nothing runs a loop
+There is one way in for a request, :meth:`ModelRunner.reserve` (``reservation.py``): a queue
+slot, then the request in it, its answer on a future; ``submit`` is those two steps. Requests
+that arrive together (an HTTP worker's message to the engine) come in by
+:meth:`ModelRunner.submit_many`, admitted as those steps would admit them one after another. Nothing runs a loop
 of its own: each change of the queue, of an instance or of the clock schedules one *step*,
 which starts a batch on every idle instance the planner says is due and queues a *full* batch
 behind an instance's one running call (k = 2 batches in flight per instance at most: on one
@@ -174,6 +176,27 @@ class ModelRunner:
     async def submit(self, data: Any, *, deadline: float | None = None) -> Any:
         """``await runner.reserve().submit(data, deadline=deadline)``."""
         return await self.reserve().submit(data, deadline=deadline)
+
+    def submit_many(self, inputs: list[Any], *, deadline: float | None = None
+                    ) -> tuple[list[QueuedRequest], MMServerError | None]:
+        """Requests that arrived together (one message of an HTTP worker), admitted as a
+        :meth:`reserve` and ``submit`` for each in turn would admit them, with one admission
+        check, one deadline timer and one change of the queue.
+
+        Returns the queued requests (the first ones, in order; each answer comes on its
+        ``future``, and cancelling the future withdraws it) and, when some did not fit, the
+        refusal of the rest, each counted as :meth:`reserve` counts one.
+        """
+        admitted = inputs[:self._admission.room()]
+        loop, concatenate = self._loop, self.concatenate
+        requests = []
+        if admitted:
+            now = loop.time()
+            requests = [QueuedRequest.of(data, loop.create_future(), now, concatenate)
+                        for data in admitted]
+            self._queue.put_many(requests, deadline)
+        refused = len(inputs) - len(requests)
+        return requests, (self._admission.refused(refused) if refused else None)
 
     def _enqueue(self, data: Any, deadline: float | None) -> QueuedRequest:
         if not self._open:

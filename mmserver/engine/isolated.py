@@ -247,7 +247,8 @@ class IsolatedModel:
     def row_codecs(self) -> RowCodecs | None:
         return None  # its bodies go whole to its process, which decodes them
 
-    def submit_rows(self, rows: Any, pipeline: InvocationPipeline) -> Any:
+    def submit_rows(self, inputs: list[Any], pipeline: InvocationPipeline,
+                    answered: Callable[[int, Any], None]) -> tuple[list[Any], Exception | None]:
         raise errors.MMServerError(f"model {self.name!r} takes no rows decoded elsewhere")
 
     def watch_admission(self, listener: Callable[[Exception | None], None]) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 
-from mmserver.batching.reservation import Reservation
+from mmserver.batching.pending import QueuedRequest
 from mmserver.engine.channel import Channel
 from mmserver.engine.client import CodecsChanged
 from mmserver.engine.messages import (
@@ -61,7 +61,7 @@ class WorkerConnection:
         self.service = service
         self.channel = channel
         self._tasks: dict[int, asyncio.Task] = {}
-        self._queued: dict[int, Reservation] = {}
+        self._queued: dict[int, QueuedRequest] = {}
         #: What each kind a worker sends does; any other kind is a protocol error.
         self._handlers: dict[type, Callable[[Any], None]] = {
             Rows: self._rows, Free: self._free, Count: self._count, Cancel: self._cancel,
@@ -101,37 +101,47 @@ class WorkerConnection:
             task.cancel()
         queued = self._queued.get(request_id)
         if queued is not None:
-            queued.withdraw()
+            queued.future.cancel()  # it leaves the queue uncomputed (``batching.pending``)
 
     def _rows(self, message: Rows) -> None:
+        groups: dict[tuple[str, int], list[tuple[int, Any]]] = {}
         for request_id, name, generation, descriptor in message.invocations:
-            self._queue_rows(request_id, name, generation, descriptor)
+            groups.setdefault((name, generation), []).append((request_id, descriptor))
+        for (name, generation), invocations in groups.items():
+            self._queue_rows(name, generation, invocations)
 
-    def _queue_rows(self, request_id: int, name: str, generation: int, descriptor) -> None:
+    def _queue_rows(self, name: str, generation: int,
+                    invocations: list[tuple[int, Any]]) -> None:
+        """One model's requests of a message, queued together (one admission check)."""
         channel = self.channel
+        request_ids = [request_id for request_id, _ in invocations]
         try:
             model = self.service.serving(name)
             if model.generation != generation:
                 raise CodecsChanged(f"model {name!r} was loaded again")
-            request = model.submit_rows(unpack(descriptor, channel.incoming, copy=True),
-                                        self.service.pipeline)
+            incoming = channel.incoming
+            requests, refusal = model.submit_rows(
+                [unpack(descriptor, incoming, copy=True) for _, descriptor in invocations],
+                self.service.pipeline,
+                lambda position, request: self._answer_rows(request_ids[position], model,
+                                                            request))
         except MMServerError as error:
-            channel.send(Failed(request_id, error))
-            return
+            refusal, requests = error, []
         except Exception:  # noqa: BLE001 - the worker answers 500; the cause stays in this log
             log.exception("engine: queueing rows for model %s failed", name)
-            channel.send(Failed(request_id, None))
-            return
-        self._queued[request_id] = request
-        request.future.add_done_callback(
-            lambda future: self._answer_rows(request_id, model, request, future))
+            refusal, requests = None, []
+        queued = self._queued
+        for request_id, request in zip(request_ids, requests):
+            queued[request_id] = request
+        for request_id in request_ids[len(requests):]:
+            channel.send(Failed(request_id, refusal))
 
-    def _answer_rows(self, request_id: int, model, request: Reservation,
-                     future: asyncio.Future) -> None:
+    def _answer_rows(self, request_id: int, model, request: QueuedRequest) -> None:
         self._queued.pop(request_id, None)
         channel = self.channel
         if channel.closed:
             return
+        future = request.future
         if future.cancelled():
             channel.send(Failed(request_id, None))  # the worker gave up; its region is free
             return
@@ -143,10 +153,9 @@ class WorkerConnection:
                 log.exception("engine: answering rows of model %s failed", model.name)
                 channel.send(Failed(request_id, None))
             else:
-                queued = request.queued
                 channel.gather(RowsResult, (request_id, descriptor, region,
-                                            queued.started - queued.arrival,
-                                            queued.ended - queued.started))
+                                            request.started - request.arrival,
+                                            request.ended - request.started))
             return
         if isinstance(error, InvocationTimeout):
             error = self.service.pipeline.timed_out(model.name)
