@@ -118,26 +118,30 @@ class Measurement:
         details = [f"{k}={v}" for k, v in self.conditions + self.context]
         return text + ("; " + ", ".join(details) if details else "") + ")"
 
-    def shown(self) -> str:
+    def shown(self, scale_of: float | None = None) -> str:
         """The value as a sentence prints it, with its range when it has repeats:
-        ``164 µs (148–185 µs over 3 repeats)``, ``155 µs (155 µs in each of 3 repeats)``."""
-        text = self._value_text()
-        return f"{text} ({self.spread_text()})" if self.repeats > 1 else text
+        ``164 µs (148–185 µs over 3 repeats)``, ``155 µs (155 µs in each of 3 repeats)``.
+        ``scale_of``: a magnitude whose unit (s, ms or µs) to write seconds in, so that records
+        set side by side in one sentence share a unit (``verdicts``); default: this record's own."""
+        text = self._value_text(scale_of)
+        return f"{text} ({self.spread_text(scale_of)})" if self.repeats > 1 else text
 
-    def _value_text(self) -> str:
+    def _value_text(self, scale_of: float | None = None) -> str:
         """The value in the unit its range is written in (seconds in s, ms or µs as the range's
         larger end needs), so that ``0.401 s (0.301–1.31 s ...)`` never reads ``401 ms (0.301–1.31 s``."""
-        if self.repeats <= 1:
-            return _show(self.value, self.unit)
-        return _show(self.value, self.unit, scale_of=max(abs(end) for end in self.spread))
+        if scale_of is None and self.repeats > 1:
+            scale_of = max(abs(end) for end in self.spread)
+        return _show(self.value, self.unit, scale_of=scale_of)
 
-    def spread_text(self) -> str:
+    def spread_text(self, scale_of: float | None = None) -> str:
         """The range over the repeats as every sentence writes it: ``120–140 µs over 3 repeats``,
-        or ``98% in each of 3 repeats`` when its two ends print the same."""
+        or ``98% in each of 3 repeats`` when its two ends print the same (``scale_of``: as
+        :meth:`shown`'s)."""
         low, high = self.spread
-        if _show(low, self.unit, scale_of=high) == _show(high, self.unit):
-            return f"{_show(high, self.unit)} in each of {self.counted()}"
-        return f"{show_range(low, high, self.unit)} over {self.counted()}"
+        scale = high if scale_of is None else scale_of
+        if _show(low, self.unit, scale_of=scale) == _show(high, self.unit, scale_of=scale):
+            return f"{_show(high, self.unit, scale_of=scale)} in each of {self.counted()}"
+        return f"{show_range(low, high, self.unit, scale_of)} over {self.counted()}"
 
     def counted(self) -> str:
         """How many the spread runs over, as a sentence says it: ``3 repeats``, ``one repeat``,
@@ -193,14 +197,15 @@ def _unsigned_show(value: float, unit: str, with_unit: bool, scale_of: float | N
     return f"{value:.4g} {unit}" if with_unit else f"{value:.4g}"
 
 
-def show_range(low: float, high: float, unit: str) -> str:
+def show_range(low: float, high: float, unit: str, scale_of: float | None = None) -> str:
     """A range as every printed sentence writes it: ``12–34%``, ``120–140 µs``, the unit once;
     a range that crosses zero reads ``from −88% to 59%`` (a true minus sign), since ``−88–59%`` reads
-    as a subtraction."""
+    as a subtraction. ``scale_of``: as ``Measurement.shown``'s (default: the range's larger end)."""
     if low < 0:
-        scale = max(abs(low), abs(high))   # both ends in one unit: from −1.34 ms to 0.569 ms
+        scale = max(abs(low), abs(high)) if scale_of is None else scale_of   # from −1.34 ms to 0.569 ms
         return f"from {_show(low, unit, scale_of=scale)} to {_show(high, unit, scale_of=scale)}"
-    return f"{_show(low, unit, False, scale_of=high)}–{_show(high, unit)}"
+    scale = high if scale_of is None else scale_of
+    return f"{_show(low, unit, False, scale_of=scale)}–{_show(high, unit, scale_of=scale)}"
 
 
 def signed(text: str) -> str:

@@ -227,7 +227,7 @@ def indistinguishable(a: Measurement, b: Measurement, setting: str = "policy") -
     names = ((a.model, b.model) if a.model != b.model else
              (f"{a.model} under {setting_label(a)}", f"under {setting_label(b)}"))
     return Verdict("the settings are indistinguishable", holds, word,
-                   f"{names[0]} and {names[1]} are {word} {load}: p99 {_value(a)} against {_value(b)}"
+                   f"{names[0]} and {names[1]} are {word} {load}: p99 {' against '.join(_values(a, b))}"
                    + (f"; {_why_not_apart(a, b)}." if holds else "."), TOLD_APART_RULE)
 
 
@@ -278,7 +278,7 @@ def wait_saved(greedy: Measurement, waiting: Measurement) -> Verdict:
     word = "saved" if apart and saved > 0 else "cost more" if apart else "did not measurably save"
     load = (f"{_load(greedy)} requests/s" if "offered_rps" in greedy.where
             else greedy.where.get("load", "the same load"))
-    compared = (f"{_value(waiting)} against {_value(greedy)} without the wait "
+    compared = (f"{' against '.join(_values(waiting, greedy))} without the wait "
                 f"({abs(saved):.0%} {'less' if saved >= 0 else 'more'})")
     single = greedy.repeats == 1 and waiting.repeats == 1
     if apart:
@@ -687,6 +687,32 @@ def kept_up(worst_p99: Measurement, bound_s: float, bound_from: str = "") -> Ver
                    + (f", {bound_from}." if bound_from else "."))
 
 
+def answered_in_batches(answered_s: Sequence[float], max_batch_size: int, slack_s: float) -> Verdict:
+    """Whether requests sent together were answered in batches, judged from the client's side
+    alone (notebook 05, while the model is being unloaded and its metrics are going).
+
+    ``answered_s``: when each answer was read. Answers read within ``slack_s`` of the one before
+    form a *wave*, one call's answers; so waves must lie more than ``slack_s`` apart, as calls of
+    a slow model do. Batched, ``n`` requests make at most ``ceil(n / B) + 1`` waves (the first
+    call may have started on the first arrival alone), none of more than ``B``; one call each
+    makes ``n`` waves of one."""
+    times = sorted(answered_s)
+    waves: list[list[float]] = []
+    for seconds in times:
+        if waves and seconds - waves[-1][-1] <= slack_s:
+            waves[-1].append(seconds)
+        else:
+            waves.append([seconds])
+    most = math.ceil(len(times) / max_batch_size) + 1
+    holds = bool(times) and len(waves) <= most and all(len(wave) <= max_batch_size for wave in waves)
+    word = "in batches" if holds else "not in batches"
+    sizes = ", ".join(str(len(wave)) for wave in waves)
+    return Verdict("the requests were answered in batches", holds, word,
+                   f"The {len(times)} answers came {word}: {len(waves)} waves of {sizes} (answers read within "
+                   f"{_ms(slack_s)} of each other form one), against at most {most} waves of at most "
+                   f"{max_batch_size} when batched, {len(times)} of one when not.")
+
+
 def shares_server_work(t_http_batched: Measurement, t_http_alone: Measurement) -> Verdict:
     """Whether batching shares out part of the server's own work: ``t_http`` at MAX_BATCH_SIZE
     1 exceeds ``t_http`` at the larger MAX_BATCH_SIZE beyond the noise band. The two are
@@ -1046,7 +1072,7 @@ def neighbour_gains(beside_greedy: Measurement, beside_waiting: Measurement,
     return Verdict("a neighbour's wait is this model's gain", holds, word,
                    f"Beside a waiting neighbour, the median request of "
                    f"{f'{called} ({beside_greedy.model})' if called else beside_greedy.model} {word}: p50 "
-                   f"{_value(beside_greedy)} beside a greedy one, {_value(beside_waiting)} beside a waiting one"
+                   f"{' beside a greedy one, '.join(_values(beside_greedy, beside_waiting))} beside a waiting one"
                    + (f"; {_why_not_apart(beside_greedy, beside_waiting)}." if not apart else
                       f"; noise band {definitions.NOISE_BAND:.0%}."), TOLD_APART_RULE)
 
@@ -1101,18 +1127,22 @@ def compared(a: Measurement, b: Measurement, a_is: str, b_is: str) -> Verdict:
     if a.quantity != b.quantity:
         raise Incomparable(f"{a.quantity} against {b.quantity}")
     same = not _told_apart(a, b)
+    shown = _values(a, b)
     word = ("within the noise band of" if definitions.agree(a.value, b.value) else
             "not told apart, over the repeats, from" if same else "more than" if a.value > b.value else "less than")
     return Verdict("the two cannot be told apart", same, word,
-                   f"{a.quantity} {a_is}: {_value(a)}, {word} {b_is}: {_value(b)}; "
+                   f"{a.quantity} {a_is}: {shown[0]}, {word} {b_is}: {shown[1]}; "
                    f"{a.value / b.value:.2f}×, the larger {max(a.value, b.value) / min(a.value, b.value) - 1:.0%} "
                    f"above the smaller (noise band {definitions.NOISE_BAND:.0%}).", TOLD_APART_RULE)
 
 
-def _value(record: Measurement) -> str:
-    """A record's value as a sentence prints it, with its range when it has repeats
-    (``Measurement.shown``: one way to write a value in every sentence)."""
-    return record.shown()
+def _values(*records: Measurement) -> list[str]:
+    """Records set side by side in one sentence, each with its range when it has repeats
+    (``Measurement.shown``: one way to write a value in every sentence), all in one unit, that
+    of the largest value or range end among them, so that ``768 ms`` is never set against
+    ``1.03 s``."""
+    scale = max(abs(x) for record in records for x in (record.value, *record.spread))
+    return [record.shown(scale_of=scale) for record in records]
 
 
 def setting_label(record: Measurement) -> str:

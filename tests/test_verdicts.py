@@ -191,6 +191,17 @@ def test_ranges_that_miss_narrowly_over_two_repeats_are_not_told_apart():
     assert narrow.holds and "194–221 ms over 2 repeats" in narrow.sentence
 
 
+def test_two_records_in_one_sentence_share_a_unit():
+    """Notebook 14's run printed "p99 768 ms (720–776 ms over 5 repeats) against 1.03 s
+    (0.929–1.03 s over 5 repeats)": two units for one quantity in one sentence."""
+    faster = dataclasses.replace(p99("tokens", 720, 776, 4), value=0.768, repeats=5)
+    slower = dataclasses.replace(p99("rows", 929, 1030, 4), value=1.03, repeats=5)
+    sentence = verdicts.indistinguishable(faster, slower).sentence
+    assert "p99 0.768 s (0.72–0.776 s over 5 repeats) against 1.03 s (0.929–1.03 s over 5 repeats)" in sentence
+    alone = verdicts.indistinguishable(faster, dataclasses.replace(faster, model="other")).sentence
+    assert "p99 768 ms (720–776 ms over 5 repeats) against 768 ms" in alone
+
+
 def test_p99s_apart_by_more_than_the_band_or_over_many_repeats_are_told_apart():
     wide = verdicts.indistinguishable(p99("tokens", 150, 190, 4), p99("rows", 225, 340, 4))
     assert not wide.holds
@@ -1258,3 +1269,18 @@ def test_zipf_fits_over_every_rank_within_the_runs_own_noise():
         verdicts.zipf_fits([268], 1.2)
     with pytest.raises(ValueError):
         verdicts.zipf_fits([268, 0], 1.2)
+
+
+def test_answers_in_waves_of_at_most_b_are_batched_and_one_per_call_is_not():
+    """Notebook 05's unload: 12 requests, max_batch_size 4, 0.2 s calls, the first call started
+    on the first arrival alone."""
+    batched = [0.21, 0.41, 0.41, 0.42, 0.43, 0.61, 0.62, 0.62, 0.63, 0.81, 0.81, 0.82]
+    verdict = verdicts.answered_in_batches(batched, 4, 0.05)
+    assert verdict.holds and "4 waves of 1, 4, 4, 3" in verdict.sentence
+    one_each = [0.2 * (i + 1) for i in range(12)]
+    assert not verdicts.answered_in_batches(one_each, 4, 0.05)
+    too_big = [0.2, 0.2, 0.2, 0.2, 0.21, 0.4, 0.4, 0.4, 0.4, 0.6, 0.6, 0.6]   # a wave of 5 > B
+    assert not verdicts.answered_in_batches(too_big, 4, 0.05)
+    pairs = [0.2 * (i // 2 + 1) for i in range(12)]   # 6 waves of 2: batched, but too few a call
+    assert not verdicts.answered_in_batches(pairs, 4, 0.05)
+    assert not verdicts.answered_in_batches([], 4, 0.05)
