@@ -687,6 +687,25 @@ def kept_up(worst_p99: Measurement, bound_s: float, bound_from: str = "") -> Ver
                    + (f", {bound_from}." if bound_from else "."))
 
 
+def served_the_offered(served_rps: Mapping[str, Sequence[float]], offered_rps: Sequence[float]) -> Verdict:
+    """Whether every runner served what was offered at every rate, within the noise band
+    (``served_rps[name][i]`` against ``offered_rps[i]``, the same arrivals sent to each). Below
+    the ceiling a runner serves at most what arrives, so this finds only a runner that fell
+    short: a backlog that grew, or requests lost."""
+    short = [(name, offered, served) for name, rates in served_rps.items()
+             for served, offered in zip(rates, offered_rps, strict=True)
+             if not definitions.agree(served, offered)]
+    holds = not short
+    word = "served what was offered" if holds else "fell short"
+    last = "; ".join(f"`{name}` {rates[-1]:.0f}" for name, rates in served_rps.items())
+    said = (f"at {offered_rps[-1]:.0f} requests/s offered: {last}" if holds else
+            "; ".join(f"`{name}` served {served:.0f} of {offered:.0f} requests/s" for name, offered, served in short))
+    return Verdict("every runner served what was offered", holds, word,
+                   f"Every runner {word} at every rate, within the noise band ({definitions.NOISE_BAND:.0%}): "
+                   f"{said}. Below the ceiling a runner serves at most what arrives, so this finds only a runner "
+                   f"that fell short.")
+
+
 def answered_in_batches(answered_s: Sequence[float], max_batch_size: int, slack_s: float) -> Verdict:
     """Whether requests sent together were answered in batches, judged from the client's side
     alone (notebook 05, while the model is being unloaded and its metrics are going).

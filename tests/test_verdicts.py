@@ -1284,3 +1284,16 @@ def test_answers_in_waves_of_at_most_b_are_batched_and_one_per_call_is_not():
     pairs = [0.2 * (i // 2 + 1) for i in range(12)]   # 6 waves of 2: batched, but too few a call
     assert not verdicts.answered_in_batches(pairs, 4, 0.05)
     assert not verdicts.answered_in_batches([], 4, 0.05)
+
+
+def test_served_the_offered_finds_a_runner_that_fell_short():
+    """Notebook 03's sweep: both policies, the same arrivals."""
+    offered = [19.3, 108.0, 294.0, 507.0]
+    kept = verdicts.served_the_offered({"timer": [19.2, 106.0, 286.0, 495.0],
+                                        "greedy": [19.3, 107.0, 291.0, 500.0]}, offered)
+    assert kept.holds and "`timer` 495; `greedy` 500" in kept.sentence
+    short = verdicts.served_the_offered({"timer": [19.2, 106.0, 286.0, 400.0],
+                                         "greedy": [19.3, 107.0, 291.0, 500.0]}, offered)
+    assert not short and "`timer` served 400 of 507 requests/s" in short.sentence
+    with pytest.raises(ValueError):
+        verdicts.served_the_offered({"timer": [19.2]}, offered)
