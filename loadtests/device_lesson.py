@@ -256,7 +256,9 @@ def real_gpu(max_batch_size: int, repo: Path) -> str:
                      else "fixed share 100% (the cost line through " + ", ".join(
                          f"t({b}) {by_size[b] * 1e3:.2f} ms" for b in definitions.FIT_BATCH_SIZES)
                      + " does not rise: a call there is all fixed cost)")
-            lines.append(f"real GPU (results/cuda/inprocess.csv), {name}: {share}, speedup at "
+            first = next(r for r in rows if r["model"] == name)
+            lines.append(f"real GPU, {first['device_name']} (results/cuda/inprocess.csv, measured elsewhere with "
+                         f"torch {first['torch_version']}), {name}: {share}, speedup at "
                          f"{max_batch_size} {definitions.speedup(sizes, seconds, max_batch_size):.2f}×")
     if not lines:
         lines.append("results/cuda/inprocess.csv holds no model timed at every size up to B.")

@@ -189,7 +189,8 @@ def _unsigned_show(value: float, unit: str, with_unit: bool, scale_of: float | N
     if unit == "s":
         size = abs(value if scale_of is None else scale_of)
         scale, name = (1, "s") if size >= 1 else (1e6, "µs") if size < 1e-3 else (1e3, "ms")
-        return f"{value * scale:.3g} {name}" if with_unit else f"{value * scale:.3g}"
+        number = f"{value * scale:.0f}" if abs(value * scale) >= 1000 else f"{value * scale:.3g}"
+        return f"{number} {name}" if with_unit else number
     if unit == "share":
         return f"{value:.0%}" if with_unit else f"{value * 100:.0f}"
     if unit == "x":

@@ -326,7 +326,9 @@ def cpu_within_wall(cpu: Measurement, wall: Measurement, source: str) -> Verdict
     holds = within or cpu.value < wall.value
     word = "within the noise band" if within else "under it" if holds else "above it, beyond the noise band"
     band = f"{definitions.NOISE_BAND:.0%}"
-    why = (f" ({band}), as a one-thread call's CPU time, never more than its wall time, can be." if within else
+    why = ((f" ({band}): {'above' if ratio > 1 else 'below'} it by {abs(ratio - 1):.0%}, which two runs of a shared "
+            "machine can differ by; within one run a one-thread call's CPU time never exceeds its wall time.")
+           if within else
            ": CPU time leaves out any moment the call waited for its core, and the two are separate runs of a "
            "shared machine." if holds else
            f" ({band}). A one-thread call's CPU time cannot exceed its wall time, so the call itself ran slower "
@@ -474,7 +476,7 @@ def grows_with_padded_tokens(fewer_rows: Measurement, more_rows: Measurement,
     elif not same:
         word = "is not set by padded tokens alone"
     else:
-        word = "does not grow with padded tokens here"
+        word = "is flat here, growing with neither rows nor padded tokens"
 
     def shape(r: Measurement) -> str:
         return f"{r.where['rows']} × {r.where['length']}"
@@ -498,7 +500,8 @@ def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s:
     and load, both from the same windows. Per setting, its best point is the highest throughput
     whose p99 is within ``budget_s``. The pick is the setting with the best such throughput; if
     the runner-up's throughput is not told apart from the pick's (:func:`_told_apart`), the
-    sentence says that it cannot choose between them.
+    tied setting whose p99 there is told apart below every other tied one's is picked, and
+    otherwise the sentence says that it cannot choose between them.
     It holds when some setting meets the budget and the pick is told apart from the runner-up.
     A pick whose p99 lies within the noise band under the budget, and a setting that missed it
     by less than the band, are said to be so: this run's verdict on them may not be the next's.
@@ -524,7 +527,19 @@ def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s:
     tied = [r for r in ranked[1:] if not _told_apart(pick, r)]
     listing = "; ".join(f"{r.where[setting]} {r.value:.1f} texts/s ({r.spread[0]:.1f}–{r.spread[1]:.1f}) "
                         f"at {r.where.get('clients', '?')} client{'' if r.where.get('clients') == 1 else 's'}" for r in ranked)
-    if tied:
+    p99_of = {r.where[setting]: best[r.where[setting]][1] for r in (pick, *tied)}
+    lowest = min(p99_of.values(), key=lambda r: r.value)
+    if tied and all(_told_apart(lowest, other) for other in p99_of.values() if other is not lowest):
+        word = "pick"
+        chosen = lowest.where[setting]
+        others = [name for name in p99_of if name != chosen]
+        shown = _values(lowest, *(p99_of[name] for name in others))
+        sentence = (f"For a p99 budget of {budget_s * 1e3:.0f} ms, {word} {chosen}: its best throughput cannot be "
+                    f"told apart from {_and(others)}'s, since {_why_not_apart(pick, tied[0])}, but its p99 there, "
+                    f"{shown[0]}, is told apart below {_and([f'{name} {text}' for name, text in zip(others, shown[1:])])}. "
+                    f"Best within the budget: {listing}")
+        pick, tied = ranked[[r.where[setting] for r in ranked].index(chosen)], []
+    elif tied:
         word = "cannot choose between"
         sentence = (f"For a p99 budget of {budget_s * 1e3:.0f} ms we {word} {pick.where[setting]} and "
                     + ", ".join(r.where[setting] for r in tied) + ": their best throughputs cannot be told "
@@ -671,7 +686,14 @@ def wait_costs(timer_p50: Measurement, greedy_p50: Measurement, max_wait_s: floa
     return Verdict("waiting costs the median request about MAX_WAIT", holds, word,
                    f"At {timer_p50.where.get('offered_rps')} requests/s the median request took "
                    f"{_ms(timer_p50.value)} under `timer` against {_ms(greedy_p50.value)} under `greedy`: "
-                   f"waiting for company cost it {_ms(cost)}, {word} ({_ms(max_wait_s)}).")
+                   f"waiting for company cost it {ms_between(timer_p50.value, greedy_p50.value)}, {word} "
+                   f"({_ms(max_wait_s)}).")
+
+
+def ms_between(later_s: float, sooner_s: float) -> str:
+    """The difference of two times as the sentence prints them (:func:`_ms`, one decimal), so that
+    62.5 ms against 12.0 ms reads "50.5 ms" and not the unrounded 50.6."""
+    return f"{round(later_s * 1e3, 1) - round(sooner_s * 1e3, 1):.1f} ms"
 
 
 def kept_up(worst_p99: Measurement, bound_s: float, bound_from: str = "") -> Verdict:
@@ -697,8 +719,11 @@ def served_the_offered(served_rps: Mapping[str, Sequence[float]], offered_rps: S
              if not definitions.agree(served, offered)]
     holds = not short
     word = "served what was offered" if holds else "fell short"
-    last = "; ".join(f"`{name}` {rates[-1]:.0f}" for name, rates in served_rps.items())
-    said = (f"at {offered_rps[-1]:.0f} requests/s offered: {last}" if holds else
+    last = [f"`{name}`{' served' if n == 0 else ''} {rates[-1]:.0f}"
+            for n, (name, rates) in enumerate(served_rps.items())]
+    said = (f"at {offered_rps[-1]:.0f} requests/s offered, "
+            + (", ".join(last[:-1]) + " and " if len(last) > 1 else "") + last[-1]
+            if holds else
             "; ".join(f"`{name}` served {served:.0f} of {offered:.0f} requests/s" for name, offered, served in short))
     return Verdict("every runner served what was offered", holds, word,
                    f"Every runner {word} at every rate, within the noise band ({definitions.NOISE_BAND:.0%}): "
@@ -1149,18 +1174,19 @@ def compared(a: Measurement, b: Measurement, a_is: str, b_is: str) -> Verdict:
     shown = _values(a, b)
     word = ("within the noise band of" if definitions.agree(a.value, b.value) else
             "not told apart, over the repeats, from" if same else "more than" if a.value > b.value else "less than")
+    why = f": {_why_not_apart(a, b)}" if same and not definitions.agree(a.value, b.value) else ""
     return Verdict("the two cannot be told apart", same, word,
                    f"{a.quantity} {a_is}: {shown[0]}, {word} {b_is}: {shown[1]}; "
                    f"{a.value / b.value:.2f}×, the larger {max(a.value, b.value) / min(a.value, b.value) - 1:.0%} "
-                   f"above the smaller (noise band {definitions.NOISE_BAND:.0%}).", TOLD_APART_RULE)
+                   f"above the smaller (noise band {definitions.NOISE_BAND:.0%}){why}.", TOLD_APART_RULE)
 
 
 def _values(*records: Measurement) -> list[str]:
     """Records set side by side in one sentence, each with its range when it has repeats
     (``Measurement.shown``: one way to write a value in every sentence), all in one unit, that
-    of the largest value or range end among them, so that ``768 ms`` is never set against
-    ``1.03 s``."""
-    scale = max(abs(x) for record in records for x in (record.value, *record.spread))
+    of the smallest of their values, so that ``768 ms`` is never set against ``1.03 s`` (it
+    reads ``768 ms … against 1057 ms``)."""
+    scale = min((abs(record.value) for record in records if record.value), default=1.0)
     return [record.shown(scale_of=scale) for record in records]
 
 
@@ -1362,8 +1388,8 @@ def zipf_fits(counts: Sequence[int], exponent: float, sigmas: float = 3.0) -> tu
     error = 1 / math.sqrt(spread)
     apart = abs(fitted - exponent) / error
     holds = apart <= sigmas
-    sentence = (f"Fitted over ranks 1–{len(counts)} (each count weighted by itself: a count of n has a noise of "
-                f"√n), the server's counts fall as 1 / rank^s with s = {fitted:.2f} ± {error:.2f}, "
+    sentence = (f"Fitted over ranks 1–{len(counts)} (the log of each count n weighted by n: a count of n has a "
+                f"noise of √n, so its log one of 1/√n), the server's counts fall as 1 / rank^s with s = {fitted:.2f} ± {error:.2f}, "
                 f"{apart:.1f} standard errors from the scenario's {exponent:g}: "
                 + (f"within {sigmas:g}, so popularity is skewed as the scenario draws it."
                    if holds else f"further apart than {sigmas:g}, so this run's popularity was "

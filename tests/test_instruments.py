@@ -792,15 +792,17 @@ def test_real_gpu_reads_the_accelerators_file_and_names_a_flat_cost_line(tmp_pat
     (tmp_path / "results" / "cuda").mkdir(parents=True)
     rising = {1: 1.0, 2: 1.2, 4: 1.4, 8: 1.8}
     flat = {1: 3.4, 2: 3.8, 4: 3.7, 8: 3.6}
-    rows = ["model,device,batch_size,compute_ms"] + [
-        f"{name},cuda,{b},{ms}" for name, times in (("rising", rising), ("flat", flat))
+    rows = ["model,device,device_name,batch_size,compute_ms,torch_version"] + [
+        f"{name},cuda,NVIDIA H200,{b},{ms},2.11.0+cu130" for name, times in (("rising", rising), ("flat", flat))
         for b, ms in times.items()]
     (tmp_path / "results" / "cuda" / "inprocess.csv").write_text("\n".join(rows) + "\n")
     lines = real_gpu(8, tmp_path).splitlines()
-    assert lines[0] == ("real GPU (results/cuda/inprocess.csv), flat: fixed share 100% (the cost line "
+    assert lines[0] == ("real GPU, NVIDIA H200 (results/cuda/inprocess.csv, measured elsewhere with torch "
+                        "2.11.0+cu130), flat: fixed share 100% (the cost line "
                         "through t(2) 3.80 ms, t(4) 3.70 ms, t(8) 3.60 ms does not rise: a call there "
                         "is all fixed cost), speedup at 8 7.56×")
-    assert lines[1] == ("real GPU (results/cuda/inprocess.csv), rising: fixed share 91%, "
+    assert lines[1] == ("real GPU, NVIDIA H200 (results/cuda/inprocess.csv, measured elsewhere with torch "
+                        "2.11.0+cu130), rising: fixed share 91%, "
                         "speedup at 8 4.44×")
     assert len(lines) == 2
     (tmp_path / "results" / "cuda" / "efficiency.txt").write_text(
