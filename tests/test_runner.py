@@ -10,6 +10,7 @@ is the behaviour under test, not a wait.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import threading
@@ -60,6 +61,17 @@ class Held(torch.nn.Module):
 
 def row(value: float) -> torch.Tensor:
     return torch.full((1, 3), value)
+
+
+@contextlib.asynccontextmanager
+async def one_call_held(model: Held, settings: BatchSettings | None = None):
+    """A runner (one row a call by default) whose first request, row 0, is inside the held
+    model: whatever is queued next waits behind it until the test opens the gate."""
+    async with ModelRunner(model, settings or BatchSettings(max_batch_size=1, max_wait=0),
+                           name="m") as runner:
+        first = runner.reserve().submit(row(0.0))
+        await model.wait_entered()
+        yield runner, first
 
 
 async def until(condition) -> None:
@@ -706,10 +718,7 @@ def test_enqueued_requests_past_their_deadlines_are_answered_in_deadline_order_a
     model = Held()
 
     async def main():
-        settings = BatchSettings(max_batch_size=1, max_wait=0)
-        async with ModelRunner(model, settings, name="m") as runner:
-            first = runner.reserve().submit(row(0.0))
-            await model.wait_entered()
+        async with one_call_held(model) as (runner, first):
             now = asyncio.get_running_loop().time()
             late = runner.reserve().submit(row(1.0), deadline=now + 0.3)
             soon = runner.reserve().submit(row(2.0), deadline=now + 0.02)
@@ -884,10 +893,7 @@ def test_requests_that_arrive_together_share_one_deadline_and_leave_the_queue_at
     model = Held()
 
     async def main():
-        settings = BatchSettings(max_batch_size=1, max_wait=0)
-        async with ModelRunner(model, settings, name="m") as runner:
-            first = runner.reserve().submit(row(0.0))
-            await model.wait_entered()
+        async with one_call_held(model) as (runner, first):
             now = asyncio.get_running_loop().time()
             requests, refusal = runner.submit_many([row(1.0), row(2.0), row(3.0)],
                                                    deadline=now + 0.05)
