@@ -538,7 +538,7 @@ def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s:
                     f"told apart from {_and(others)}'s, since {_why_not_apart(pick, tied[0])}, but its p99 there, "
                     f"{shown[0]}, is told apart below {_and([f'{name} {text}' for name, text in zip(others, shown[1:])])}. "
                     f"Best within the budget: {listing}")
-        pick, tied = ranked[[r.where[setting] for r in ranked].index(chosen)], []
+        pick, tied = best[chosen][0], []
     elif tied:
         word = "cannot choose between"
         sentence = (f"For a p99 budget of {budget_s * 1e3:.0f} ms we {word} {pick.where[setting]} and "
