@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import statistics
 import threading
 import time
@@ -127,11 +128,19 @@ class Measurement:
         return f"{text} ({self.spread_text(scale_of)})" if self.repeats > 1 else text
 
     def _value_text(self, scale_of: float | None = None) -> str:
-        """The value in the unit its range is written in (seconds in s, ms or µs as the range's
-        larger end needs), so that ``0.401 s (0.301–1.31 s ...)`` never reads ``401 ms (0.301–1.31 s``."""
-        if scale_of is None and self.repeats > 1:
-            scale_of = max(abs(end) for end in self.spread)
-        return _show(self.value, self.unit, scale_of=scale_of)
+        """The value in the unit and to the decimals its range is written in (seconds in s, ms or
+        µs as the range's larger end needs), so that ``0.40 s (0.30–1.31 s ...)`` never reads
+        ``401 ms (0.301–1.31 s``, nor ``296 requests/s (292.1–303.2 requests/s``."""
+        if self.repeats == 1:
+            return _show(self.value, self.unit, scale_of=scale_of)
+        scale = max(abs(end) for end in self.spread) if scale_of is None else scale_of
+        decimals = None if self._ends_alike(scale) else range_decimals(*self.spread, self.unit, scale)
+        return _show(self.value, self.unit, scale_of=scale, decimals=decimals)
+
+    def _ends_alike(self, scale: float) -> bool:
+        """The range's two ends print the same (it reads "in each of")."""
+        low, high = self.spread
+        return _show(low, self.unit, scale_of=scale) == _show(high, self.unit, scale_of=scale)
 
     def spread_text(self, scale_of: float | None = None) -> str:
         """The range over the repeats as every sentence writes it: ``120–140 µs over 3 repeats``,
@@ -139,7 +148,7 @@ class Measurement:
         :meth:`shown`'s)."""
         low, high = self.spread
         scale = high if scale_of is None else scale_of
-        if _show(low, self.unit, scale_of=scale) == _show(high, self.unit, scale_of=scale):
+        if self._ends_alike(scale):
             return f"{_show(high, self.unit, scale_of=scale)} in each of {self.counted()}"
         return f"{show_range(low, high, self.unit, scale_of)} over {self.counted()}"
 
@@ -178,35 +187,70 @@ def measurement(quantity: str, model: str, value: float, unit: str, spread: Sequ
                        over)
 
 
-def _show(value: float, unit: str, with_unit: bool = True, scale_of: float | None = None) -> str:
+#: Significant digits a value is written to: seconds (in s, ms or µs) and every other unit but
+#: shares and ratios, which have fixed decimals.
+SECONDS_DIGITS, OTHER_DIGITS = 3, 4
+
+
+def _show(value: float, unit: str, with_unit: bool = True, scale_of: float | None = None,
+          decimals: int | None = None) -> str:
     """``value`` in ``unit``, a negative one with a true minus sign; seconds in s, ms or µs as
     ``scale_of`` (default: the value) needs, so that a range's low end is written in its high
-    end's unit."""
-    return signed(_unsigned_show(value, unit, with_unit, scale_of))
+    end's unit. ``decimals``: that many after the point (a range's, :func:`range_decimals`),
+    else the value's own significant digits."""
+    return signed(_unsigned_show(value, unit, with_unit, scale_of, decimals))
 
 
-def _unsigned_show(value: float, unit: str, with_unit: bool, scale_of: float | None) -> str:
-    if unit == "s":
-        size = abs(value if scale_of is None else scale_of)
-        scale, name = (1, "s") if size >= 1 else (1e6, "µs") if size < 1e-3 else (1e3, "ms")
-        number = f"{value * scale:.0f}" if abs(value * scale) >= 1000 else f"{value * scale:.3g}"
-        return f"{number} {name}" if with_unit else number
+def _seconds_scale(size: float) -> tuple[float, str]:
+    return (1, "s") if size >= 1 else (1e6, "µs") if size < 1e-3 else (1e3, "ms")
+
+
+def _unsigned_show(value: float, unit: str, with_unit: bool, scale_of: float | None,
+                   decimals: int | None = None) -> str:
     if unit == "share":
         return f"{value:.0%}" if with_unit else f"{value * 100:.0f}"
     if unit == "x":
         return f"{value:.2f}×" if with_unit else f"{value:.2f}"
-    return f"{value:.4g} {unit}" if with_unit else f"{value:.4g}"
+    if unit == "s":
+        scale, name = _seconds_scale(abs(value if scale_of is None else scale_of))
+        value *= scale
+        if decimals is None:
+            decimals = 0 if abs(value) >= 1000 else None
+        number = f"{value:.{SECONDS_DIGITS}g}" if decimals is None else f"{value:.{decimals}f}"
+        return f"{number} {name}" if with_unit else number
+    number = f"{value:.{OTHER_DIGITS}g}" if decimals is None else f"{value:.{decimals}f}"
+    return f"{number} {unit}" if with_unit else number
+
+
+def range_decimals(low: float, high: float, unit: str, scale_of: float | None = None) -> int:
+    """The decimals both ends of a range (and the value it surrounds) are written to: those of
+    its larger end at its own significant digits, so that the ends line up (``287.0–297.7``,
+    ``0.30–1.31 s``; never ``287–297.7``, nor ``0.0143–299 µs``, whose low end claims a
+    precision its high end does not have). Whole numbers from 1000 on, as :func:`_show`'s."""
+    larger = max(abs(low), abs(high))
+    digits = OTHER_DIGITS
+    if unit == "s":
+        larger *= _seconds_scale(larger if scale_of is None else abs(scale_of))[0]
+        digits = SECONDS_DIGITS
+    if larger == 0 or larger >= 1000:
+        return 0
+    return max(0, digits - 1 - math.floor(math.log10(larger)))
 
 
 def show_range(low: float, high: float, unit: str, scale_of: float | None = None) -> str:
-    """A range as every printed sentence writes it: ``12–34%``, ``120–140 µs``, the unit once;
-    a range that crosses zero reads ``from −88% to 59%`` (a true minus sign), since ``−88–59%`` reads
-    as a subtraction. ``scale_of``: as ``Measurement.shown``'s (default: the range's larger end)."""
+    """A range as every printed sentence writes it: ``12–34%``, ``120–140 µs``, the unit once,
+    both ends to the same decimals (:func:`range_decimals`); a range that crosses zero reads
+    ``from −88% to 59%`` (a true minus sign), since ``−88–59%`` reads as a subtraction.
+    ``scale_of``: as ``Measurement.shown``'s (default: the range's larger end)."""
     if low < 0:
-        scale = max(abs(low), abs(high)) if scale_of is None else scale_of   # from −1.34 ms to 0.569 ms
-        return f"from {_show(low, unit, scale_of=scale)} to {_show(high, unit, scale_of=scale)}"
+        scale = max(abs(low), abs(high)) if scale_of is None else scale_of   # from −1.34 ms to 0.57 ms
+        decimals = range_decimals(low, high, unit, scale)
+        return (f"from {_show(low, unit, scale_of=scale, decimals=decimals)} "
+                f"to {_show(high, unit, scale_of=scale, decimals=decimals)}")
     scale = high if scale_of is None else scale_of
-    return f"{_show(low, unit, False, scale_of=scale)}–{_show(high, unit, scale_of=scale)}"
+    decimals = range_decimals(low, high, unit, scale)
+    return (f"{_show(low, unit, False, scale_of=scale, decimals=decimals)}–"
+            f"{_show(high, unit, scale_of=scale, decimals=decimals)}")
 
 
 def signed(text: str) -> str:

@@ -409,13 +409,24 @@ def _call_record(b: int, seconds: float, clock: str = "wall"):
 
 def test_a_range_reads_in_its_high_ends_unit():
     record = instruments.measurement("queue wait", "m", 1.35e-3, "s", (22.8e-6, 3.84e-3), 20)
-    assert "(0.0228–3.84 ms over 20 repeats" in record.describe(), record.describe()
+    assert "(0.02–3.84 ms over 20 repeats" in record.describe(), record.describe()
+
+
+def test_both_ends_of_a_range_and_its_value_share_the_decimals_of_its_larger_end():
+    """Notebooks printed "287–297.7 requests/s" and "0.0143–299 µs": each end at its own digits."""
+    served = instruments.measurement("capacity", "m", 296, "requests/s", (287, 297.7), 3)
+    assert served.shown() == "296.0 requests/s (287.0–297.7 requests/s over 3 repeats)"
+    assert instruments.show_range(0.0143e-6, 299e-6, "s") == "0–299 µs"
+    assert instruments.show_range(52.1e-3, 59e-3, "s") == "52.1–59.0 ms"
+    assert instruments.show_range(1.2, 1800.5, "s") == "1–1800 s"      # whole numbers from 1000 on
+    alike = instruments.measurement("p99", "m", 0.092, "s", (0.092, 0.092), 2)
+    assert alike.shown() == "92 ms (92 ms in each of 2 repeats)"     # no range: its own digits
 
 
 def test_a_range_across_zero_reads_from_minus_to_in_one_unit():
     """01 printed "(from −1.34 ms to 569 µs ..." and, before that, "(-0.30 to 1.23 ms ..."."""
     added = instruments.measurement("server added", "m", -0.47e-3, "s", (-1.34e-3, 0.569e-3), 3)
-    assert added.describe().startswith("server added of m: −0.47 ms (from −1.34 ms to 0.569 ms over 3 repeats")
+    assert added.describe().startswith("server added of m: −0.47 ms (from −1.34 ms to 0.57 ms over 3 repeats")
     assert instruments.show_range(-0.04, 0.44, "share") == "from −4% to 44%"
     assert instruments.signed("-0.75") == "−0.75" and instruments.signed("+0.75") == "+0.75"
 
@@ -423,8 +434,8 @@ def test_a_range_across_zero_reads_from_minus_to_in_one_unit():
 def test_a_value_is_written_in_its_ranges_unit():
     """02 printed "401 ms (0.301–1.31 s over ...)": the value and its range in two units."""
     latency = instruments.measurement("latency", "m", 0.401, "s", (0.301, 1.31), 9)
-    assert latency.shown() == "0.401 s (0.301–1.31 s over 9 repeats)"
-    assert latency.describe().startswith("latency of m: 0.401 s (0.301–1.31 s over 9 repeats")
+    assert latency.shown() == "0.40 s (0.30–1.31 s over 9 repeats)"
+    assert latency.describe().startswith("latency of m: 0.40 s (0.30–1.31 s over 9 repeats")
     alone = instruments.measurement("latency", "m", 0.401, "s", (0.401, 0.401), 1)
     assert alone.shown() == "401 ms"
 
