@@ -834,21 +834,27 @@ def wait_leaves_batches(greedy: Measurement, waiting: Measurement) -> Verdict:
     return Verdict("the wait leaves the batches", word == "unchanged", word, sentence)
 
 
-def wait_is_a_bound(queued: Measurement) -> Verdict:
+def wait_is_a_bound(queued: Measurement, without: Measurement) -> Verdict:
     """Whether max_wait acted as a bound, not a fixed delay: the mean queue wait
     (``instruments.queue_wait``) under half the record's max_wait (a delay held by every
-    request of a burst's first call would put the mean above half of it)."""
+    request of a burst's first call would put the mean above half of it). ``without``: the
+    same load's queue wait with max_wait 0 ms, printed beside it: what the requests waited
+    for a running call alone."""
     if queued.quantity != "queue wait":
         raise Incomparable(f"need a queue wait, got {queued.quantity!r}")
     wait_s = queued.where.get("max_wait_ms", 0) / 1e3
     if not wait_s > 0:
         raise Incomparable(f"a record with no max_wait tells nothing of it: {queued.describe()}")
+    if without.where.get("max_wait_ms") != 0:
+        raise Incomparable(f"need the queue wait with max_wait 0 ms beside it, got {without.describe()}")
+    _wait_pair(without, queued, "queue wait")
     holds = queued.value < wait_s / 2
     word = "a bound, not a delay" if holds else "as long as a delay"
     return Verdict("max_wait is a bound", holds, word,
                    f"For {queued.model} max_wait {wait_s * 1e3:g} ms was {word}: the mean queue wait was "
-                   f"{queued.value * 1e3:.1f} ms (a delay that every request of a burst's first call sat out "
-                   f"would put the mean above half of max_wait, {wait_s * 1e3 / 2:g} ms).")
+                   f"{queued.value * 1e3:.1f} ms, against {without.value * 1e3:.1f} ms with 0 ms (a delay that "
+                   f"every request of a burst's first call sat out would put the mean above half of max_wait, "
+                   f"{wait_s * 1e3 / 2:g} ms).")
 
 
 def wait_delays(greedy: Measurement, waiting: Measurement) -> Verdict:
@@ -946,7 +952,7 @@ def queue_bound_holds(wait: Measurement, drain: Measurement, batch: Measurement,
     if (wait.quantity, drain.quantity, batch.quantity) != ("accepted latency", "drain rate", "batch time"):
         raise Incomparable("need an accepted latency, a drain rate and a batch time")
     band = definitions.NOISE_BAND
-    least = max_queue_size / drain.value
+    least = definitions.least_queue_wait_s(max_queue_size, drain.value)
     most = definitions.full_queue_wait_s(max_queue_size, max_batch_size, drain.value)
     refill = max_batch_size / (drain.value + drain.observed["shed_rps"])
     if refill >= 0.5 * batch.value:
@@ -1426,6 +1432,108 @@ def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float) -> V
                    f"{model}: with oneDNN off, batch 2 ran batch 1's kind of kernel and took {kernel_ratio:.2f}× its "
                    f"time with oneDNN on, and t(1) was {off_line:.2f}× the line's F + c; {why} "
                    f"(noise band {definitions.NOISE_BAND:.0%}).")
+
+
+# -- notebook 13: a spike, and the recovery after it -------------------------------------------
+
+
+def spike_hurt(baseline_s: float, level_s: float, peak_s: float, factor: float, peak_users: int,
+               base_users: int) -> Verdict:
+    """Whether a load spike hurt the probe: the p95 of its worst window during the peak above
+    ``factor`` × the pre-spike ``level_s`` (the slowest window but one; ``baseline_s``, the
+    median window, is printed beside it)."""
+    holds = peak_s > factor * level_s
+    word = "hurt" if holds else "did not clearly hurt"
+    return Verdict("the spike hurt", holds, word,
+                   f"The spike {word}: the probe's p95 went from {baseline_s * 1e3:.0f} ms before it (median; its "
+                   f"level, the slowest window but one, {level_s * 1e3:.1f} ms) to {peak_s * 1e3:.0f} ms in its worst "
+                   f"window ({peak_users} users against {base_users}; it hurts past {factor:g}× the level).")
+
+
+def recovered_for_good(recovery_s: float | None, *, base_s: float, spare_s: float, window_s: float,
+                       level_s: float, factor: float, drain_windows: int, lone_over: int,
+                       note: str) -> Verdict:
+    """Whether the probe's p95 was back *for good* after a spike (within ``factor`` × the
+    pre-spike ``level_s`` from some window on, never two windows in a row over it afterwards)
+    with at least ``spare_s`` of the ``base_s`` base period to spare.
+
+    ``recovery_s``: from the peak's end to the end of the first window back for good (one
+    ``window_s`` when it is the first window after the peak: the method's resolution); None
+    when no window was. ``drain_windows``: the windows a backlog draining as fast as one timed
+    before the spike takes; more is printed as unexplained. ``lone_over``: later windows over
+    the factor, each alone. ``note``: what the probes answered, printed last."""
+    line = f"{factor * level_s * 1e3:.0f} ms, {factor:g}× the pre-spike level ({level_s * 1e3:.1f} ms)"
+    later = (f"; later, {lone_over} lone {window_s:g} s window{'s' * (lone_over != 1)} over the factor, never two "
+             f"in a row" if lone_over else "")
+    if recovery_s is None:
+        return Verdict("it recovered for good", False, "did not recover",
+                       f"It did not recover within the {base_s:g} s base period: no window after the peak was back "
+                       f"for good under {line} ({note}).")
+    holds = recovery_s < base_s - spare_s
+    word = "recovered" if holds else "recovered too late"
+    windows = round(recovery_s / window_s)
+    if windows <= 1:
+        when = f"from the first {window_s:g} s window after the peak, as fast as this method can tell"
+    else:
+        when = f"{recovery_s:.1f} s after the peak ended" + (
+            f", {windows} windows where a backlog drained as fast as the one timed before the spike predicts "
+            f"{drain_windows}: this run does not say what held latency up" if windows > drain_windows else "")
+    return Verdict("it recovered for good", holds, word,
+                   f"It {word} with {base_s - recovery_s:.1f} s of the {base_s:g} s base period to spare (the claim "
+                   f"asks for at least {spare_s:g} s): the p95 was back for good under {line}, {when} "
+                   f"({note}{later}).")
+
+
+# -- notebook 12: a large body decoded beside small requests -----------------------------------
+
+
+#: A small request *stalled* behind a large body's parse when it waited more than this share of
+#: the parse alone (``json.loads`` in the notebook's kernel): less could be anything else a
+#: server does; more is most of the parse.
+STALL_SHARE = 0.5
+#: Latency against send time (ms per ms) at or below which the small requests sent during a
+#: parse form a *ramp*: each waited for about the same moment, the parse's end (−1 exactly).
+RAMP_SLOPE = -0.5
+
+
+def stalled_behind_parse(worst_s: float, parse_s: float, server: str) -> Verdict:
+    """Whether a small request stalled behind a large JSON body's parse: the worst of those in
+    flight beside the large one waited more than :data:`STALL_SHARE` of ``parse_s``, the parse
+    alone. ``server`` names it, and where it parses."""
+    holds = worst_s > STALL_SHARE * parse_s
+    word = "a stall" if holds else "no stall"
+    return Verdict("a small request stalled behind the parse", holds, word,
+                   f"On {server} the worst small request beside the large one waited {worst_s * 1e3:.0f} ms, "
+                   f"against {parse_s * 1e3:.0f} ms for json.loads alone: {word} (one counts when it passes "
+                   f"{STALL_SHARE:.0%} of that).")
+
+
+def loop_hardly_noticed(worst_s: float, stalls_s: Mapping[str, float], body: str) -> Verdict:
+    """Whether a body whose decoding is a copy (``body``) left the loop free: the worst small
+    request beside it waited less than :data:`STALL_SHARE` of the least of ``stalls_s`` (case ->
+    the worst small request's wait beside the same rows as JSON)."""
+    least = min(stalls_s.values())
+    holds = worst_s < STALL_SHARE * least
+    word = "hardly noticed" if holds else "noticed"
+    return Verdict("the loop hardly noticed the decoding", holds, word,
+                   f"With the same rows as {body} the worst small request beside the large one waited "
+                   f"{worst_s * 1e3:.0f} ms, against "
+                   + _and(f"{ms * 1e3:.0f} ms ({case})" for case, ms in stalls_s.items())
+                   + f" as JSON: the loop {word} the decoding ({STALL_SHARE:.0%} of the least is the line).")
+
+
+def parse_ramps(slopes: Mapping[str, float | None]) -> Verdict:
+    """Whether every server of ``slopes`` (case -> latency against send time, ms per ms, of the
+    small requests sent while the large body was in the server; None with too few of them)
+    shows the ramp of a stall: a slope at or below :data:`RAMP_SLOPE`."""
+    holds = all(slope is not None and slope <= RAMP_SLOPE for slope in slopes.values())
+    word = "show the ramp" if holds else "do not all show the ramp"
+    shown = _and(f"{case} {'n/a' if slope is None else signed(format(slope, '+.2f'))}"
+                 for case, slope in slopes.items())
+    return Verdict("the stall is a ramp", holds, word,
+                   f"Latency against send time during the parse, in ms per ms sent later: {shown}; they {word} "
+                   f"(at most {signed(format(RAMP_SLOPE, '+.1f'))}; −1: every one waited for the same moment, the "
+                   f"end of the parse).")
 
 
 def _signed_share(fraction: float) -> str:

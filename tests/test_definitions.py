@@ -157,6 +157,14 @@ def test_full_queue_wait_is_queue_plus_batch_over_the_drain_rate():
         d.full_queue_wait_s(64, 32, 0.0)
 
 
+def test_least_queue_wait_is_the_queue_alone_over_the_drain_rate():
+    # 64 queued, drained at 96/s: two thirds of a second, a batch's share less than the upper bound
+    assert d.least_queue_wait_s(64, 96.0) == exactly(64 / 96)
+    assert d.full_queue_wait_s(64, 32, 96.0) - d.least_queue_wait_s(64, 96.0) == exactly(32 / 96)
+    with pytest.raises(ValueError, match="max_queue_size"):
+        d.least_queue_wait_s(0, 96.0)
+
+
 def test_shed_cost_is_the_lost_share_of_answers_per_503():
     # capacity 100/s, 75/s accepted while shedding 500/s: a quarter of the core, 0.5 ms a 503
     assert d.shed_cost_s(100.0, 75.0, 500.0) == exactly(0.0005)

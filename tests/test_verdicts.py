@@ -731,11 +731,19 @@ def test_the_wait_fills_or_leaves_the_batches():
 
 
 def test_max_wait_is_a_bound_not_a_delay():
-    assert verdicts.wait_is_a_bound(burst_record("queue wait", 0.6e-3, 20)).holds
-    delayed = verdicts.wait_is_a_bound(burst_record("queue wait", 14e-3, 20))
+    without = burst_record("queue wait", 0.5e-3, 0)
+    bound = verdicts.wait_is_a_bound(burst_record("queue wait", 0.6e-3, 20), without)
+    assert bound.holds
+    assert "the mean queue wait was 0.6 ms, against 0.5 ms with 0 ms" in bound.sentence, bound.sentence
+    delayed = verdicts.wait_is_a_bound(burst_record("queue wait", 14e-3, 20), without)
     assert not delayed.holds and delayed.word == "as long as a delay"
-    with pytest.raises(Incomparable):
-        verdicts.wait_is_a_bound(burst_record("queue wait", 0.6e-3, 0))
+    with pytest.raises(Incomparable):   # no max_wait to judge
+        verdicts.wait_is_a_bound(burst_record("queue wait", 0.6e-3, 0), without)
+    with pytest.raises(Incomparable):   # the record beside it waited too
+        verdicts.wait_is_a_bound(burst_record("queue wait", 0.6e-3, 20), burst_record("queue wait", 0.5e-3, 5))
+    with pytest.raises(Incomparable):   # other bodies
+        verdicts.wait_is_a_bound(burst_record("queue wait", 0.6e-3, 20),
+                                 burst_record("queue wait", 0.5e-3, 0, body_bytes=49280))
 
 
 def test_the_wait_delays_an_answer():
@@ -1312,3 +1320,51 @@ def test_served_the_offered_finds_a_runner_that_fell_short():
     assert not short and "`timer` served 400 of 507 requests/s" in short.sentence
     with pytest.raises(ValueError):
         verdicts.served_the_offered({"timer": [19.2]}, offered)
+
+
+def test_a_small_request_stalled_behind_a_parse_only_past_half_of_it():
+    """Notebook 12: json.loads alone took 97 ms; the worst small request beside it 136 ms."""
+    stall = verdicts.stalled_behind_parse(0.136, 0.097, "the book's server")
+    assert stall.holds and stall.word == "a stall"
+    assert stall.sentence.startswith("On the book's server the worst small request beside the large one waited 136 ms, "
+                                     "against 97 ms for json.loads alone: a stall"), stall.sentence
+    assert not verdicts.stalled_behind_parse(0.040, 0.097, "mmserver")          # under half: anything else
+    assert verdicts.stalled_behind_parse(0.049, 0.097, "mmserver").holds         # just past half
+
+
+def test_a_copy_leaves_the_loop_free_only_under_half_of_the_least_stall():
+    stalls = {"book, JSON": 0.136, "mmserver, JSON": 0.138}
+    free = verdicts.loop_hardly_noticed(0.004, stalls, ".npy")
+    assert free.holds and "against 136 ms (book, JSON) and 138 ms (mmserver, JSON) as JSON" in free.sentence
+    noticed = verdicts.loop_hardly_noticed(0.070, stalls, ".npy")                 # over half of 136 ms
+    assert not noticed.holds and "the loop noticed" in noticed.sentence
+
+
+def test_a_ramp_needs_every_server_at_or_below_the_slope():
+    ramp = verdicts.parse_ramps({"book, JSON": -0.92, "mmserver, JSON": -0.94})
+    assert ramp.holds and "book, JSON −0.92 and mmserver, JSON −0.94" in ramp.sentence, ramp.sentence
+    assert not verdicts.parse_ramps({"book, JSON": -0.92, "mmserver, JSON": -0.2})   # one flat
+    assert not verdicts.parse_ramps({"book, JSON": -0.92, "mmserver, JSON": None})   # too few to fit
+
+
+def test_a_spike_hurts_only_past_the_factor_of_the_level():
+    hurt = verdicts.spike_hurt(0.035, 0.0381, 0.303, 1.5, 60, 2)
+    assert hurt.holds and hurt.sentence.startswith(
+        "The spike hurt: the probe's p95 went from 35 ms before it (median; its level, the slowest window but one, "
+        "38.1 ms) to 303 ms in its worst window (60 users against 2"), hurt.sentence
+    assert not verdicts.spike_hurt(0.035, 0.0381, 0.055, 1.5, 60, 2)     # 1.44x the level
+
+
+def test_a_recovery_counts_with_time_to_spare_and_a_missing_one_fails_cleanly():
+    common = dict(base_s=6, spare_s=1.0, window_s=0.5, level_s=0.0381, factor=1.5, drain_windows=1,
+                  note="every probe answered 200")
+    first = verdicts.recovered_for_good(0.5, lone_over=0, **common)
+    assert first.holds and "5.5 s of the 6 s base period to spare" in first.sentence
+    assert "under 57 ms, 1.5× the pre-spike level (38.1 ms), from the first 0.5 s window after the peak" in first.sentence
+    slow = verdicts.recovered_for_good(2.0, lone_over=1, **common)
+    assert slow.holds and "2.0 s after the peak ended, 4 windows where a backlog drained" in slow.sentence
+    assert "later, 1 lone 0.5 s window over the factor" in slow.sentence
+    late = verdicts.recovered_for_good(5.5, lone_over=0, **common)          # 0.5 s to spare, 1 s asked
+    assert not late.holds and late.word == "recovered too late"
+    never = verdicts.recovered_for_good(None, lone_over=0, **common)        # no window back for good
+    assert not never.holds and never.sentence.startswith("It did not recover within the 6 s base period")
