@@ -134,6 +134,8 @@ class RequestQueue:
         """Their deadline passed: those still waiting are answered with
         :class:`InvocationTimeout` and leave the queue at once."""
         expired = [r for r in requests if not r.future.done()]
+        if not expired:  # all answered: the queue is as it was
+            return
         for request in expired:
             answer(request, self._stats, error=InvocationTimeout(
                 f"model {self._name!r} did not answer before the request's deadline"))
