@@ -1434,6 +1434,50 @@ def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float) -> V
                    f"(noise band {definitions.NOISE_BAND:.0%}).")
 
 
+#: Threads whose Python work the GIL runs one after the other occupy about one core at once; up
+#: to this many (the interpreter's own moments outside the GIL, and the timer's rounding).
+ONE_CORE = 1.1
+#: Two processes *used a second core* past this many times the cores two threads occupied.
+SECOND_CORE = 1.2
+
+
+def threads_took_turns(threads_cores: float, threads_s: float, one_s: float, one_cores: float) -> Verdict:
+    """Whether two threads decoding at once took turns: together they occupied under
+    :data:`ONE_CORE` cores at once (CPU seconds over wall seconds). Their wall time against one
+    decode's (``one_s``, on ``one_cores``) is printed beside it, as what it is: a measure that
+    also moves when a decode runs slower beside another."""
+    holds = threads_cores < ONE_CORE
+    word = "took turns" if holds else "ran at once"
+    ratio = threads_s / one_s
+    beside = (", two decodes' worth" if definitions.agree(ratio, 2.0) else
+              f", not 2×: each used about {threads_s * threads_cores / 2 * 1e3:.0f} ms of CPU in a thread against "
+              f"{one_s * one_cores * 1e3:.0f} ms alone; why a decode's time differed beside another, this cell does "
+              "not measure")
+    return Verdict("two threads took turns", holds, word,
+                   f"Two threads occupied {threads_cores:.2f} cores at once: they {word} (under {ONE_CORE:g}: the GIL "
+                   f"ran their Python work one after the other). The cores are the measure: the two took "
+                   f"{ratio:.2f}× one decode's wall time{beside}.")
+
+
+def processes_used_a_second_core(processes_cores: float, threads_cores: float, processes_s: float,
+                                 one_s: float, load: float, cores: int) -> Verdict:
+    """Whether two processes decoding at once, each with its own interpreter and GIL, occupied
+    more than :data:`SECOND_CORE` times the cores two threads did. Where they did not, the
+    sentence says that the run cannot show what they gain: other work held the second core
+    (``load``, the load average on ``cores`` cores, is printed)."""
+    holds = processes_cores > SECOND_CORE * threads_cores
+    if holds:
+        sentence = (f"Two processes, each with its own interpreter and GIL, occupied {processes_cores:.2f} cores at "
+                    f"once ({processes_s / one_s:.2f}× one decode's wall time, with a load average of {load:.1f}).")
+    else:
+        sentence = (f"This run cannot show what two processes gain: they occupied {processes_cores:.2f} cores at once, "
+                    f"not {SECOND_CORE:g}× the threads' {threads_cores:.2f}, because other work held the second core "
+                    f"(load average {load:.1f} on {cores} cores). What would separate them: the same cell with a core "
+                    "free.")
+    return Verdict("two processes used a second core", holds,
+                   "used a second core" if holds else "cannot show", sentence)
+
+
 # -- notebook 13: a spike, and the recovery after it -------------------------------------------
 
 
@@ -1482,6 +1526,125 @@ def recovered_for_good(recovery_s: float | None, *, base_s: float, spare_s: floa
                    f"It {word} with {base_s - recovery_s:.1f} s of the {base_s:g} s base period to spare (the claim "
                    f"asks for at least {spare_s:g} s): the p95 was back for good under {line}, {when} "
                    f"({note}{later}).")
+
+
+# -- notebook 09: one endpoint, many hosts ----------------------------------------------------
+
+
+#: Of the first requests of models asked for oldest first, at least this share find their model
+#: evicted (the prediction says all; a quarter of slack for the router's choice of host).
+EVICTED_SHARE = 0.75
+#: Repeats of a model just asked for are cold at most this share of the time, for a router that
+#: sends a model's requests to a host that holds it (one blind to holders: about 29% at 3 repeats).
+AFFINITY_COLD_SHARE = 0.1
+#: When every model fits, loads are *rare*: at most this share of the requests.
+RARE_SHARE = 0.05
+#: A host runs *near its ceiling* above this share of its offline ceiling.
+NEAR_CEILING = 0.8
+#: A second host *adds most of a second device* past this many times one host's throughput,
+#: each host taking more than :data:`BUSY_HOST_SHARE` of the requests.
+SCALING = 1.5
+BUSY_HOST_SHARE = 0.3
+#: Half the clients leave the calls *part-empty*: under this share of the full run's throughput,
+#: with batches under this share of full.
+PART_EMPTY = 0.85
+
+
+def evicted_in_load_order(cold_first: int, firsts: int) -> Verdict:
+    """Whether models asked for in load order, oldest first (where LRU and FIFO evict alike),
+    found their model evicted: at least :data:`EVICTED_SHARE` of the ``firsts`` first requests
+    were cold."""
+    holds = cold_first >= EVICTED_SHARE * firsts
+    word = "found their model evicted" if holds else "mostly found their model loaded"
+    return Verdict("the oldest model is evicted", holds, word,
+                   f"Asked for in load order, oldest first (an order in which LRU and FIFO evict alike), {cold_first} "
+                   f"of {firsts} first requests {word}" + (" and waited for a load." if holds else
+                                                          f" (at least {EVICTED_SHARE:.0%} were to wait for a load)."))
+
+
+def repeats_stay_warm(cold_repeat: int, repeats: int, blind_share: float) -> Verdict:
+    """Whether the router kept a model's repeats on a host that holds it: at most
+    :data:`AFFINITY_COLD_SHARE` of ``repeats`` were cold; ``blind_share``, what a router blind to
+    holders would make cold, is printed beside it."""
+    holds = cold_repeat <= AFFINITY_COLD_SHARE * repeats
+    said = "none" if cold_repeat == 0 else f"only {cold_repeat}" if holds else f"{cold_repeat}"
+    return Verdict("repeats stay warm", holds, "affinity" if holds else "no affinity",
+                   f"{'Affinity' if holds else 'No affinity'}: {said} of {repeats} repeats were cold (about "
+                   f"{blind_share:.0%} would be, were the router to ignore which host holds the model).")
+
+
+def skew_keeps_hot(hit_ratio: float, fit_share: float) -> Verdict:
+    """Whether skewed (Zipf) traffic found its model loaded more often than the share of models
+    that fit in the slots, which is what uniform traffic would."""
+    holds = hit_ratio > fit_share
+    word = "kept more than the fitting share hot" if holds else "kept no more than the fitting share hot"
+    return Verdict("the skew keeps models hot", holds, word,
+                   f"The skew {word}: hit ratio {hit_ratio:.2f} against {fit_share:.2f}.")
+
+
+def popular_stays_loaded(top_hits: float, rare_hits: float) -> Verdict:
+    """Whether the most requested model found itself loaded more often than the rare ones."""
+    holds = top_hits > rare_hits
+    return Verdict("the popular model stays loaded", holds, "held longer" if holds else "not held longer",
+                   f"The popular model was held for {top_hits:.2f} of its requests; the rare ones hit "
+                   f"{'only ' if holds else ''}{rare_hits:.2f} of the time ({1 - rare_hits:.2f} of their requests "
+                   f"waited for a load).")
+
+
+def churn_causes_loads(churn_misses: int, fit_misses: int, requests: int) -> Verdict:
+    """Whether loads come from churn: with every model fitting, at most :data:`RARE_SHARE` of
+    ``requests`` waited for a load, and more did under churn."""
+    holds = churn_misses > fit_misses and fit_misses <= RARE_SHARE * requests
+    fit = ("no request waited for a load (none" if fit_misses == 0 else
+           f"a load was {'rare' if fit_misses <= RARE_SHARE * requests else 'not rare'} ({fit_misses}")
+    return Verdict("churn causes the loads", holds, "churn" if holds else "not churn alone",
+                   f"When all fit, {fit} of {requests} requests); under churn {churn_misses} of {requests} waited for "
+                   "one.")
+
+
+def tail_is_misses(slow_warm: int, warm: int, requests: int) -> Verdict:
+    """Whether the slow tail is made of misses: at most :data:`RARE_SHARE` of a run's ``requests``
+    among the ``warm`` ones (those that found their model loaded) took as long as a load."""
+    holds = slow_warm <= RARE_SHARE * requests
+    said = (f"none of the {warm} warm requests" if slow_warm == 0 else
+            f"{'only ' if holds else ''}{slow_warm} of the {warm} warm requests")
+    return Verdict("the tail is misses", holds, "misses" if holds else "not misses alone",
+                   f"The tail is {'' if holds else 'not '}made of misses: {said} (those that found their model "
+                   "loaded, in both runs) took as long as a load.")
+
+
+def host_near_ceiling(rate: float, ceiling: float, clients: int) -> Verdict:
+    """Whether one host ran near its offline ceiling: above :data:`NEAR_CEILING` of it."""
+    holds = rate > NEAR_CEILING * ceiling
+    word = "ran near its ceiling" if holds else "ran well below its ceiling"
+    return Verdict("one host runs near its ceiling", holds, word,
+                   f"One host with {clients} clients {word}: {rate:.1f} of {ceiling:.0f} requests/s.")
+
+
+def second_host_scales(two_rate: float, one_rate: float, per_host: Sequence[int]) -> Verdict:
+    """Whether a second host added most of a second device's throughput: more than
+    :data:`SCALING` × one host's, with each host (``per_host``: requests each answered) busy,
+    taking more than :data:`BUSY_HOST_SHARE` of the requests."""
+    scaling = two_rate / one_rate
+    busy = min(per_host) > BUSY_HOST_SHARE * sum(per_host)
+    holds = scaling > SCALING and busy
+    return Verdict("a second host scales", holds, "added" if holds else "did not add",
+                   f"A second host {'added' if holds else 'did not add'} most of a second device's throughput for a "
+                   f"model whose calls hold no CPU: {two_rate:.1f} against {one_rate:.1f} requests/s ({scaling:.2f}×), "
+                   + ("both hosts busy." if busy else "one host nearly idle."))
+
+
+def few_clients_part_empty(few_rate: float, full_rate: float, mean_batch: float, max_batch: int,
+                           ceiling: float, clients: int) -> Verdict:
+    """Whether too few clients left two hosts' calls part-empty: under :data:`PART_EMPTY` of the
+    full run's throughput, with mean batches under :data:`PART_EMPTY` of ``max_batch``."""
+    holds = few_rate < PART_EMPTY * full_rate and mean_batch < PART_EMPTY * max_batch
+    return Verdict("few clients leave the calls part-empty", holds, "part-empty" if holds else "not part-empty",
+                   f"With {clients} clients the two hosts served {few_rate:.1f} requests/s, {few_rate / ceiling:.2f}× one "
+                   f"device's ceiling: their calls ran {'part-empty' if holds else 'about as full'} ({mean_batch:.2f} rows "
+                   f"of {max_batch} on average)"
+                   + (", consistent with calls starting before a full batch arrived (the cause is not measured here). "
+                      "Offer enough concurrency, or a scaling test measures its clients." if holds else "."))
 
 
 # -- notebook 12: a large body decoded beside small requests -----------------------------------

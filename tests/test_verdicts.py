@@ -1368,3 +1368,68 @@ def test_a_recovery_counts_with_time_to_spare_and_a_missing_one_fails_cleanly():
     assert not late.holds and late.word == "recovered too late"
     never = verdicts.recovered_for_good(None, lone_over=0, **common)        # no window back for good
     assert not never.holds and never.sentence.startswith("It did not recover within the 6 s base period")
+
+
+def test_two_threads_took_turns_only_under_one_core_and_say_why_their_time_is_not_2x():
+    turns = verdicts.threads_took_turns(1.00, 0.208, 0.097, 1.00)
+    assert turns.holds and "the two took 2.14× one decode's wall time, two decodes' worth." in turns.sentence
+    slower = verdicts.threads_took_turns(1.00, 0.260, 0.097, 1.00)            # 2.68x: beyond the band
+    assert slower.holds and "not 2×: each used about 130 ms of CPU in a thread against 97 ms alone" in slower.sentence
+    assert not verdicts.threads_took_turns(1.6, 0.130, 0.097, 1.00)            # both ran at once: no GIL between them
+
+
+def test_two_processes_used_a_second_core_only_past_the_threads_by_the_factor():
+    used = verdicts.processes_used_a_second_core(1.98, 1.00, 0.095, 0.097, 0.7, 2)
+    assert used.holds and used.sentence.startswith("Two processes, each with its own interpreter and GIL, occupied 1.98")
+    held = verdicts.processes_used_a_second_core(1.15, 1.00, 0.170, 0.097, 2.4, 2)   # another process had the core
+    assert not held.holds and held.sentence.startswith("This run cannot show what two processes gain")
+
+
+# -- notebook 09: one endpoint, many hosts -------------------------------------------------------
+
+
+def test_models_asked_for_oldest_first_are_evicted_and_their_repeats_stay_warm():
+    evicted = verdicts.evicted_in_load_order(24, 24)
+    assert evicted.holds and "24 of 24 first requests found their model evicted and waited for a load." in evicted.sentence
+    assert verdicts.evicted_in_load_order(18, 24).holds and not verdicts.evicted_in_load_order(17, 24)
+    warm = verdicts.repeats_stay_warm(0, 72, 0.29)
+    assert warm.holds and warm.sentence == ("Affinity: none of 72 repeats were cold (about 29% would be, were the "
+                                            "router to ignore which host holds the model).")
+    assert verdicts.repeats_stay_warm(7, 72, 0.29).holds                    # 7 <= 7.2
+    blind = verdicts.repeats_stay_warm(21, 72, 0.29)                        # a router blind to holders
+    assert not blind.holds and blind.sentence.startswith("No affinity: 21 of 72")
+
+
+def test_skewed_traffic_keeps_the_popular_model_loaded():
+    assert verdicts.skew_keeps_hot(0.70, 0.50).holds
+    assert not verdicts.skew_keeps_hot(0.50, 0.50)                           # uniform traffic's share
+    popular = verdicts.popular_stays_loaded(0.91, 0.32)
+    assert popular.holds and "the rare ones hit only 0.32 of the time (0.68 of their requests" in popular.sentence
+    assert not verdicts.popular_stays_loaded(0.30, 0.32)
+
+
+def test_loads_come_from_churn_and_the_tail_from_loads():
+    churn = verdicts.churn_causes_loads(51, 0, 150)
+    assert churn.holds and churn.sentence == ("When all fit, no request waited for a load (none of 150 requests); "
+                                              "under churn 51 of 150 waited for one.")
+    assert verdicts.churn_causes_loads(51, 7, 150).holds                     # 7 <= 7.5: rare
+    assert not verdicts.churn_causes_loads(51, 8, 150)                       # loads without churn
+    assert not verdicts.churn_causes_loads(3, 3, 150)                        # churn added none
+    tail = verdicts.tail_is_misses(0, 249, 150)
+    assert tail.holds and "none of the 249 warm requests" in tail.sentence
+    slow = verdicts.tail_is_misses(9, 249, 150)                              # warm requests as slow as a load
+    assert not slow.holds and slow.sentence.startswith("The tail is not made of misses: 9 of the 249")
+
+
+def test_a_second_host_scales_only_when_both_are_busy_and_few_clients_leave_calls_empty():
+    assert verdicts.host_near_ceiling(10.0, 10.0, 16).holds
+    assert not verdicts.host_near_ceiling(7.9, 10.0, 16)
+    scaled = verdicts.second_host_scales(18.8, 10.0, [59, 54])
+    assert scaled.holds and "18.8 against 10.0 requests/s (1.88×), both hosts busy." in scaled.sentence
+    assert not verdicts.second_host_scales(14.0, 10.0, [70, 70])             # 1.4x
+    idle = verdicts.second_host_scales(18.8, 10.0, [100, 13])                # one host took almost nothing
+    assert not idle.holds and idle.sentence.endswith("one host nearly idle.")
+    empty = verdicts.few_clients_part_empty(9.8, 18.8, 1.97, 4, 10.0, 8)
+    assert empty.holds and "their calls ran part-empty (1.97 rows of 4 on average), consistent" in empty.sentence
+    assert not verdicts.few_clients_part_empty(17.0, 18.8, 3.8, 4, 10.0, 8)  # as full as with all clients
+    assert not verdicts.few_clients_part_empty(9.8, 18.8, 3.6, 4, 10.0, 8)   # slower, yet full batches
