@@ -503,8 +503,9 @@ def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s:
     tied setting whose p99 there is told apart below every other tied one's is picked, and
     otherwise the sentence says that it cannot choose between them.
     It holds when some setting meets the budget and the pick is told apart from the runner-up.
-    A pick whose p99 lies within the noise band under the budget, and a setting that missed it
-    by less than the band, are said to be so: this run's verdict on them may not be the next's.
+    A setting listed whose p99 lies within the noise band under the budget (the pick or another),
+    and a setting that missed it by less than the band, are said to be so: this run's verdict on
+    them may not be the next's.
     """
     best: dict[str, tuple[Measurement, Measurement]] = {}    # per setting, its best (throughput, p99)
     for rate, p99 in points:
@@ -534,8 +535,8 @@ def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s:
         chosen = lowest.where[setting]
         others = [name for name in p99_of if name != chosen]
         shown = _values(lowest, *(p99_of[name] for name in others))
-        sentence = (f"For a p99 budget of {budget_s * 1e3:.0f} ms, {word} {chosen}: its best throughput cannot be "
-                    f"told apart from {_and(others)}'s, since {_why_not_apart(pick, tied[0])}, but its p99 there, "
+        sentence = (f"For a p99 budget of {budget_s * 1e3:.0f} ms, {word} {chosen}: its best throughput within the "
+                    f"budget cannot be told apart from {_and(others)}'s, since {_why_not_apart(pick, tied[0])}, but its p99 there, "
                     f"{shown[0]}, is told apart below {_and([f'{name} {text}' for name, text in zip(others, shown[1:])])}. "
                     f"Best within the budget: {listing}")
         pick, tied = best[chosen][0], []
@@ -549,10 +550,11 @@ def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s:
         within = "Best within the budget" if len(ranked) > 1 else "The only setting within the budget"
         sentence = f"For a p99 budget of {budget_s * 1e3:.0f} ms, {word} {pick.where[setting]}. {within}: {listing}"
     sentence += (f"; not within it at that load: {', '.join(missed)}." if missed else ".")
-    near = best[pick.where[setting]][1].value
-    if definitions.agree(near, budget_s):
-        sentence += (f" The p99 of {pick.where[setting]}, {near * 1e3:.0f} ms, lies within the noise band "
-                     f"({definitions.NOISE_BAND:.0%}) under the budget: a re-run may find it over.")
+    for name in (r.where[setting] for r in ranked):   # the pick's, and every other setting's listed
+        near = best[name][1].value
+        if definitions.agree(near, budget_s):
+            sentence += (f" The p99 of {name}, {near * 1e3:.0f} ms, lies within the noise band "
+                         f"({definitions.NOISE_BAND:.0%}) under the budget: a re-run may find it over.")
     for name in missed:
         closest = min((p99 for _, p99 in points if p99.where[setting] == name), key=lambda r: r.value)
         if definitions.agree(closest.value, budget_s):
@@ -603,8 +605,9 @@ def timer_on_time(delay: Measurement) -> Verdict:
     holds = on_time and fired is False
     word = "on time" if on_time else "not on time"
     sentence = (f"A timer armed for {_ms(armed)} set its event {word}: after {_ms(delay.value)} "
-                f"(from {_ms(low)} to {_ms(high)} over {delay.repeats} timers); a cancelled one "
-                + ("never did." if fired is False else "set it anyway."))
+                f"(from {_ms(low)} to {_ms(high)} over {delay.repeats} timers; on time is from "
+                f"{_ms(armed - definitions.TIMER_TOLERANCE_S)} to under {_ms(armed + definitions.SCHEDULING_SLACK_S)}); "
+                "a cancelled one " + ("never did." if fired is False else "set it anyway."))
     return Verdict("a timer fires when armed, a cancelled one never", holds, word, sentence)
 
 
@@ -628,7 +631,8 @@ def waited_max_wait(wait: Measurement, max_wait_s: float) -> Verdict:
     word = "the whole MAX_WAIT" if holds else "not the MAX_WAIT"
     return Verdict("a lone request waits MAX_WAIT", holds, word,
                    f"Client {wait.where.get('client')} waited {wait.value:.3f} s before its batch ran: "
-                   f"{word} of {max_wait_s:g} s.")
+                   f"{word} of {max_wait_s:g} s (from {max_wait_s - definitions.TIMER_TOLERANCE_S:.3f} s to under "
+                   f"{max_wait_s + definitions.SCHEDULING_SLACK_S:.3f} s).")
 
 
 def launched_at_once(wait: Measurement) -> Verdict:
@@ -687,7 +691,8 @@ def wait_costs(timer_p50: Measurement, greedy_p50: Measurement, max_wait_s: floa
                    f"At {timer_p50.where.get('offered_rps')} requests/s the median request took "
                    f"{_ms(timer_p50.value)} under `timer` against {_ms(greedy_p50.value)} under `greedy`: "
                    f"waiting for company cost it {ms_between(timer_p50.value, greedy_p50.value)}, {word} "
-                   f"({_ms(max_wait_s)}).")
+                   f"({_ms(max_wait_s)}: more than half of it and less than it plus a full call, "
+                   f"{_ms(0.5 * max_wait_s)} to {_ms(max_wait_s + full_call_s)}).")
 
 
 def ms_between(later_s: float, sooner_s: float) -> str:
@@ -1127,12 +1132,14 @@ def neighbour_gains(beside_greedy: Measurement, beside_waiting: Measurement,
                       f"; noise band {definitions.NOISE_BAND:.0%}."), TOLD_APART_RULE)
 
 
-def core_feeds(t_http: Measurement, ceiling: Measurement) -> Verdict:
+def core_feeds(t_http: Measurement, ceiling: Measurement, whose: str = "") -> Verdict:
     """Whether one core has the CPU to serve the device's ceiling: ``cores_to_feed`` = ceiling
     (``instruments.offline_ceiling``, rows/s) × ``t_http`` (``instruments.t_http``), over
     t_http's whole range across the repeats. Under 1 beyond the noise band at the range's
     high end: it has; over 1 beyond the band at its low end: it lacks; a range that reaches
-    into the band around 1: cannot tell."""
+    into the band around 1: cannot tell. ``whose``: whose CPU it is, when not the whole
+    server's ("the engine alone"); t_http is taken as it was measured, at the load and batches
+    of its run, and set against the ceiling's rate."""
     _need(t_http, "t_http")
     _need(ceiling, "offline ceiling")
     cores = definitions.cores_to_feed(ceiling.value, t_http.value)
@@ -1147,14 +1154,22 @@ def core_feeds(t_http: Measurement, ceiling: Measurement) -> Verdict:
     spread = f"{ends} {t_http.counted()}; " if t_http.repeats > 1 else ""
     return Verdict("one core has the CPU to feed the device", word == "has", word,
                    f"One core {word} the CPU to serve {ceiling.model}'s ceiling of {ceiling.value:.0f} requests/s "
-                   f"at {t_http.value * 1e6:.0f} µs of CPU per request ({t_http.model}): cores_to_feed = "
+                   f"at {t_http.value * 1e6:.0f} µs of CPU per request ({whose + ', ' if whose else ''}"
+                   f"{t_http.model}{_measured_at(t_http) if whose else ''}): cores_to_feed = "
                    f"{cores:.2f} ({spread}noise band {definitions.NOISE_BAND:.0%} around 1).")
 
 
-def beats_serial(served: Measurement, t_http: Measurement, call_s: float, batch_size: int) -> Verdict:
+def _measured_at(t_http: Measurement) -> str:
+    """Where a t_http record was measured, as a clause: its batches, when it says."""
+    batch = t_http.observed.get("mean_batch")
+    return "" if batch is None else f", measured at batches of {batch:g} rows"
+
+
+def beats_serial(served: Measurement, t_http: Measurement, call_s: float, batch_size: float) -> Verdict:
     """Whether the server served more than a runner that starts a call only after the loop has
     taken the last one's answers would: above ``serial_limit_rps(t_http, t(b), b)`` beyond the
-    noise band (the loop's work overlapped the device's call)."""
+    noise band (the loop's work overlapped the device's call). ``b`` is the run's mean batch,
+    ``call_s`` the device's call at it: the batches the run formed, not the cap."""
     _need(t_http, "t_http")
     if served.quantity not in ("served", "capacity"):
         raise Incomparable(f"need a served rate or a capacity, got {served.quantity!r}")
@@ -1163,7 +1178,7 @@ def beats_serial(served: Measurement, t_http: Measurement, call_s: float, batch_
     word = "overlapped" if holds else "did not clearly overlap"
     return Verdict("the loop's work overlaps the device's call", holds, word,
                    f"{served.model} served {served.value:.0f} requests/s, {served.value / limit:.2f}× the serial "
-                   f"estimate 1 / (t_http + t({batch_size})/{batch_size}) = {limit:.0f}/s (noise band "
+                   f"estimate 1 / (t_http + t(b)/b) = {limit:.0f}/s at its mean batch b = {batch_size:.1f} rows (noise band "
                    f"{definitions.NOISE_BAND:.0%}): "
                    + ("consistent with the loop's work overlapping the device's call." if holds else
                       "the loop's work did not clearly overlap the device's call."))
@@ -1490,7 +1505,7 @@ def spike_hurt(baseline_s: float, level_s: float, peak_s: float, factor: float, 
     word = "hurt" if holds else "did not clearly hurt"
     return Verdict("the spike hurt", holds, word,
                    f"The spike {word}: the probe's p95 went from {baseline_s * 1e3:.0f} ms before it (median; its "
-                   f"level, the slowest window but one, {level_s * 1e3:.1f} ms) to {peak_s * 1e3:.0f} ms in its worst "
+                   f"level, the slowest window but one, {level_s * 1e3:.0f} ms) to {peak_s * 1e3:.0f} ms in its worst "
                    f"window ({peak_users} users against {base_users}; it hurts past {factor:g}× the level).")
 
 
@@ -1506,7 +1521,7 @@ def recovered_for_good(recovery_s: float | None, *, base_s: float, spare_s: floa
     when no window was. ``drain_windows``: the windows a backlog draining as fast as one timed
     before the spike takes; more is printed as unexplained. ``lone_over``: later windows over
     the factor, each alone. ``note``: what the probes answered, printed last."""
-    line = f"{factor * level_s * 1e3:.0f} ms, {factor:g}× the pre-spike level ({level_s * 1e3:.1f} ms)"
+    line = f"{factor * level_s * 1e3:.0f} ms, {factor:g}× the pre-spike level ({level_s * 1e3:.0f} ms)"
     later = (f"; later, {lone_over} lone {window_s:g} s window{'s' * (lone_over != 1)} over the factor, never two "
              f"in a row" if lone_over else "")
     if recovery_s is None:

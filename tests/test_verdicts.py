@@ -478,8 +478,10 @@ def test_tied_throughputs_are_picked_between_by_a_p99_told_apart():
     verdict = verdicts.pick_for_p99_budget([text_point("none", 16, 44, 535), text_point("tokens", 16, 45, 724),
                                             text_point("rows", 16, 23, 1057)], 0.752)
     assert verdict.holds and verdict.word == "pick"
-    assert verdict.sentence.startswith("For a p99 budget of 752 ms, pick none: its best throughput cannot be told "
-                                       "apart from tokens's"), verdict.sentence
+    assert verdict.sentence.startswith("For a p99 budget of 752 ms, pick none: its best throughput within the budget "
+                                       "cannot be told apart from tokens's"), verdict.sentence
+    assert "The p99 of tokens, 724 ms, lies within the noise band (15%) under the budget" in verdict.sentence
+    assert "The p99 of none" not in verdict.sentence                    # 535 ms: well under
     assert "its p99 there, 535 ms" in verdict.sentence and "below tokens 724 ms" in verdict.sentence
     close = verdicts.pick_for_p99_budget([text_point("none", 16, 44, 700), text_point("tokens", 16, 45, 724)], 0.752)
     assert not close.holds and close.word == "cannot choose between"
@@ -956,12 +958,20 @@ def test_core_feeds_judges_the_whole_range_of_t_http():
     slow_ceiling = measurement("offline ceiling", "dev", 1074.0, "rows/s", (1074.0, 1074.0), 3, {})
     steady = measurement("t_http", "sim", 159e-6, "s", (158e-6, 160e-6), 3, {"clock": "cpu"})
     assert "cores_to_feed = 0.17 (0.17 in each of 3 repeats;" in verdicts.core_feeds(steady, slow_ceiling).sentence
+    alone = measurement("t_http", "sim", 49e-6, "s", (46e-6, 54e-6), 3, {"clock": "cpu"}, {"mean_batch": 18.6})
+    said = verdicts.core_feeds(alone, ceiling, "the engine alone").sentence
+    assert "at 49 µs of CPU per request (the engine alone, sim, measured at batches of 18.6 rows)" in said, said
 
 
 def test_beats_serial_only_beyond_the_band():
     served = measurement("served", "sim", 1064.0, "requests/s", (1064.0, 1064.0), 3, {"clock": "wall"})
     t_http = seconds("t_http", 200e-6, "sim")
-    assert verdicts.beats_serial(served, t_http, 0.0294, 32)          # serial estimate 886/s
+    beats = verdicts.beats_serial(served, t_http, 0.0294, 32)          # serial estimate 894/s
+    assert beats and "1 / (t_http + t(b)/b) = 894/s at its mean batch b = 32.0 rows" in beats.sentence
+    # 08's faster device: 21.5-row batches, 1.2 ms calls: 1 / (155 + 55.8 µs) = 4744/s, not t(32)/32's
+    fast = measurement("served", "sim", 6416.0, "requests/s", (6416.0, 6416.0), 3, {"clock": "wall"})
+    assert "= 4744/s at its mean batch b = 21.5 rows" in verdicts.beats_serial(
+        fast, seconds("t_http", 155e-6, "sim"), 1.2e-3, 21.5).sentence
     slow = measurement("served", "sim", 900.0, "requests/s", (900.0, 900.0), 3, {"clock": "wall"})
     assert not verdicts.beats_serial(slow, t_http, 0.0294, 32)
     with pytest.raises(Incomparable):
@@ -1351,7 +1361,7 @@ def test_a_spike_hurts_only_past_the_factor_of_the_level():
     hurt = verdicts.spike_hurt(0.035, 0.0381, 0.303, 1.5, 60, 2)
     assert hurt.holds and hurt.sentence.startswith(
         "The spike hurt: the probe's p95 went from 35 ms before it (median; its level, the slowest window but one, "
-        "38.1 ms) to 303 ms in its worst window (60 users against 2"), hurt.sentence
+        "38 ms) to 303 ms in its worst window (60 users against 2"), hurt.sentence
     assert not verdicts.spike_hurt(0.035, 0.0381, 0.055, 1.5, 60, 2)     # 1.44x the level
 
 
@@ -1360,7 +1370,7 @@ def test_a_recovery_counts_with_time_to_spare_and_a_missing_one_fails_cleanly():
                   note="every probe answered 200")
     first = verdicts.recovered_for_good(0.5, lone_over=0, **common)
     assert first.holds and "5.5 s of the 6 s base period to spare" in first.sentence
-    assert "under 57 ms, 1.5× the pre-spike level (38.1 ms), from the first 0.5 s window after the peak" in first.sentence
+    assert "under 57 ms, 1.5× the pre-spike level (38 ms), from the first 0.5 s window after the peak" in first.sentence
     slow = verdicts.recovered_for_good(2.0, lone_over=1, **common)
     assert slow.holds and "2.0 s after the peak ended, 4 windows where a backlog drained" in slow.sentence
     assert "later, 1 lone 0.5 s window over the factor" in slow.sentence
