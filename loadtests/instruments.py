@@ -242,15 +242,13 @@ def show_range(low: float, high: float, unit: str, scale_of: float | None = None
     both ends to the same decimals (:func:`range_decimals`); a range that crosses zero reads
     ``from −88% to 59%`` (a true minus sign), since ``−88–59%`` reads as a subtraction.
     ``scale_of``: as ``Measurement.shown``'s (default: the range's larger end)."""
+    if scale_of is None:
+        scale_of = max(abs(low), abs(high))   # from −1.34 ms to 0.57 ms; 120–140 µs
+    decimals = range_decimals(low, high, unit, scale_of)
+    high_text = _show(high, unit, scale_of=scale_of, decimals=decimals)
     if low < 0:
-        scale = max(abs(low), abs(high)) if scale_of is None else scale_of   # from −1.34 ms to 0.57 ms
-        decimals = range_decimals(low, high, unit, scale)
-        return (f"from {_show(low, unit, scale_of=scale, decimals=decimals)} "
-                f"to {_show(high, unit, scale_of=scale, decimals=decimals)}")
-    scale = high if scale_of is None else scale_of
-    decimals = range_decimals(low, high, unit, scale)
-    return (f"{_show(low, unit, False, scale_of=scale, decimals=decimals)}–"
-            f"{_show(high, unit, scale_of=scale, decimals=decimals)}")
+        return f"from {_show(low, unit, scale_of=scale_of, decimals=decimals)} to {high_text}"
+    return f"{_show(low, unit, False, scale_of=scale_of, decimals=decimals)}–{high_text}"
 
 
 def signed(text: str) -> str:
