@@ -48,13 +48,14 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+import torch
 
 from mmserver.config import Settings
 from mmserver.engine.channel import _encoded, _messages
 from mmserver.engine.client import EngineService
 from mmserver.engine.messages import Rows, RowsResult
 from mmserver.engine.spawn import spawn_engine, wait_ready
-from mmserver.harness.simulated_device import write_model_folder
+from mmserver.harness.simulated_device import LinearBatchTime, SimulatedDevice, write_model_folder
 from mmserver.http.local import LocalService
 from mmserver.http.service import Call
 from mmserver.wires import ToolkitHeaders
@@ -72,6 +73,8 @@ CONNECTIONS = 2
 WARMUP_SECONDS = 1.0
 #: Invocations a turn of a worker's loop sends at 32 users over two connections (about half).
 BURST = 16
+#: Calls of the simulated device's ``forward`` timed alone (the median of five repeats).
+DEVICE_CALLS = 200 if QUICK else 1_000
 #: Bursts timed in the channel's own measurement (its best of five repeats).
 CHANNEL_BURSTS = 2_000
 #: The goal the issue sets for the engine's CPU per request on a 2-core machine, in µs.
@@ -214,8 +217,26 @@ def main() -> None:
     finally:
         engine.terminate()
         engine.join(30)
-    report(windows, len(cores))
+    rows = next(w for w in windows if (w.model, w.users) == ("rows", USERS[-1]))
+    report(windows, len(cores), device_cpu_us(rows.mean_batch))
     report_channel(channel_costs())
+
+
+def device_cpu_us(mean_batch: float) -> float:
+    """µs of CPU per request that the simulated device's own ``forward`` spends at
+    ``mean_batch`` rows a call (rounded to whole rows), timed alone on this thread: the median
+    of five repeats of :data:`DEVICE_CALLS` calls, divided by the rows of a call."""
+    device = SimulatedDevice(LinearBatchTime(FIXED_SECONDS, PER_ROW_SECONDS),
+                             input_features=FEATURES)
+    rows = max(1, round(mean_batch))
+    batch = torch.linspace(-1, 1, FEATURES).repeat(rows, 1)
+    repeats = []
+    for _ in range(5):
+        started = time.thread_time()
+        for _ in range(DEVICE_CALLS):
+            device(batch)
+        repeats.append((time.thread_time() - started) / DEVICE_CALLS)
+    return 1e6 * float(np.median(repeats)) / rows
 
 
 def channel_costs() -> dict[str, float]:
@@ -249,7 +270,7 @@ def report_channel(costs: dict[str, float]) -> None:
           f"({costs['gathered'] / costs['single']:.2f}x), both ends together")
 
 
-def report(windows: list[Window], cores: int) -> None:
+def report(windows: list[Window], cores: int, device_us: float) -> None:
     print(f"engine CPU per request, driven as HTTP workers drive it; simulated device "
           f"(not a real GPU): t(b) = {FIXED_SECONDS * 1e3:g} ms + b x "
           f"{PER_ROW_SECONDS * 1e3:.5f} ms; {CONNECTIONS} worker connections; "
@@ -266,6 +287,11 @@ def report(windows: list[Window], cores: int) -> None:
           f"{'met' if rows.engine_us <= GOAL_ENGINE_US else 'not met'}), "
           f"{bodies.engine_us:.1f} µs when it decodes a script's input_fn itself: "
           f"bodies ÷ rows = {bodies.engine_us / rows.engine_us:.2f}x")
+    own = rows.engine_us - device_us
+    print(f"of which the simulated device's own forward, timed alone at "
+          f"{max(1, round(rows.mean_batch))} rows a call: {device_us:.1f} µs per request; the "
+          f"server's own share is {own:.1f} µs ({'at most' if own <= GOAL_ENGINE_US else 'over'} "
+          f"the goal's {GOAL_ENGINE_US:g} µs)")
     print(f"so one engine core serves at most {1e6 / rows.engine_us:,.0f} req/s of "
           f"worker-decoded rows (1 / its CPU per request)")
 
