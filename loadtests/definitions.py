@@ -31,12 +31,14 @@ Settled here, once (each function's docstring gives the reason):
   that could hardly happen by chance: ``chance_apart`` of their repeat counts at most
   ``CHANCE_LEVEL``.
 * Two *settings* measured in one run are **told apart** (``told_apart``) only when their ranges
-  miss each other by more than ``NOISE_BAND``, or over enough repeats (``chance_apart`` at most
-  ``CHANCE_LEVEL``); otherwise a verdict says it cannot rank them.
+  miss each other by more than ``NOISE_BAND``, or their repeats are ordered so consistently that
+  chance alone would order them so at most ``CHANCE_LEVEL`` of the time (``rank_chance``; for
+  ranges that miss, ``chance_apart``); otherwise a verdict says it cannot rank them.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -440,21 +442,65 @@ def chance_apart(repeats_a: int, repeats_b: int) -> float:
     return min(1.0, 2 / math.comb(repeats_a + repeats_b, repeats_a))
 
 
+def rank_chance(samples_a: Sequence[float], samples_b: Sequence[float]) -> float:
+    """The chance that two sets of repeats of one and the same measurement come out ordered at
+    least as consistently as ``samples_a`` against ``samples_b``: the exact two-sided rank test
+    (Mann and Whitney's).
+
+    Why: a range is its two most extreme repeats, so over many repeats one odd repeat (a burst
+    that happened to arrive as one call) makes two ranges touch although every other repeat
+    ranks them. Count the pairs, one repeat of each, that go against the order most pairs
+    follow (a tie counts against it): ``U``. If nothing differs, every order of the ``a + b``
+    values is equally likely, and the chance is twice the share of orders with at most ``U``
+    such pairs. With ``U = 0`` (ranges that miss each other) it is ``chance_apart``: five
+    repeats against five need every pair in order; twenty against twenty stay within
+    ``CHANCE_LEVEL`` with up to 105 of their 400 pairs against the order.
+    """
+    a, b = list(samples_a), list(samples_b)
+    if not a or not b:
+        raise ValueError(f"need repeats on both sides, got {len(a)} and {len(b)}")
+    below = sum(x < y for x in a for y in b)
+    above = sum(x > y for x in a for y in b)
+    against = len(a) * len(b) - max(below, above)
+    orders = _orders_by_pairs_against(len(a), len(b))
+    return min(1.0, 2 * sum(orders[:against + 1]) / math.comb(len(a) + len(b), len(a)))
+
+
+@functools.lru_cache(maxsize=None)
+def _orders_by_pairs_against(m: int, n: int) -> tuple[int, ...]:
+    """How many orders of ``m`` values of one kind and ``n`` of another have exactly ``u`` pairs
+    with the second kind first, for each ``u`` from 0 to ``m·n``: the last value is of the
+    first kind (after all ``n`` of the second) or of the second (after none of the first)."""
+    if m == 0 or n == 0:
+        return (1,)
+    counts = [0] * (m * n + 1)
+    for u, count in enumerate(_orders_by_pairs_against(m - 1, n)):
+        counts[u + n] += count
+    for u, count in enumerate(_orders_by_pairs_against(m, n - 1)):
+        counts[u] += count
+    return tuple(counts)
+
+
 def told_apart(range_a: tuple[float, float], repeats_a: int, range_b: tuple[float, float], repeats_b: int,
-               band: float = NOISE_BAND) -> bool:
+               band: float = NOISE_BAND, samples_a: Sequence[float] = (),
+               samples_b: Sequence[float] = ()) -> bool:
     """Whether two settings' measurements, each a (lowest, highest) over its repeats, rank them.
 
-    Their ranges must miss each other (not ``indistinguishable``), and then either the gap
-    between the nearer ends exceeds ``band``, or enough repeats lie on each side that chance
-    alone would part them so at most ``CHANCE_LEVEL`` of the time (``chance_apart``).
+    Either their ranges miss each other (not ``indistinguishable``) by a gap between the nearer
+    ends wider than ``band``, or chance alone would order their repeats so at most
+    ``CHANCE_LEVEL`` of the time: ``rank_chance`` over the repeats themselves (``samples_a``,
+    ``samples_b``) when both records kept them, else ``chance_apart`` when the ranges miss.
 
     Why both: two repeats against two miss each other one time in three with nothing behind
     it, so missing alone ranks nothing; but a range of two repeats also understates how far a
     repeat can move, and a gap wider than the band is beyond what repeats of one measurement
     do on this machine. A narrow gap over few repeats is not told apart.
     """
-    if indistinguishable(range_a, range_b, band):
-        return False
-    lower, upper = sorted((range_a, range_b))
-    wide_gap = lower[1] > 0 and upper[0] / lower[1] - 1.0 > band + 1e-9
-    return wide_gap or chance_apart(repeats_a, repeats_b) <= CHANCE_LEVEL
+    apart = not indistinguishable(range_a, range_b, band)
+    if apart:
+        lower, upper = sorted((range_a, range_b))
+        if lower[1] > 0 and upper[0] / lower[1] - 1.0 > band + 1e-9:
+            return True
+    if samples_a and samples_b:
+        return rank_chance(samples_a, samples_b) <= CHANCE_LEVEL
+    return apart and chance_apart(repeats_a, repeats_b) <= CHANCE_LEVEL

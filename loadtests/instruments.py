@@ -102,6 +102,9 @@ class Measurement:
     #: What the ``repeats`` are, in the plural: windows or passes of one setting (``repeats``),
     #: or the items of one run the spread runs over (``answered clients``, ``calls``).
     over: str = "repeats"
+    #: The value of each repeat, where the instrument kept them: what a rank test over the
+    #: repeats reads (``definitions.rank_chance``); empty where only the range was kept.
+    samples: tuple[float, ...] = ()
 
     @property
     def where(self) -> dict[str, Any]:
@@ -162,7 +165,8 @@ class Measurement:
     def as_json(self) -> dict:
         return {"quantity": self.quantity, "model": self.model, "value": self.value, "unit": self.unit,
                 "spread": list(self.spread), "repeats": self.repeats, "over": self.over,
-                "conditions": dict(self.conditions), "context": dict(self.context)}
+                "conditions": dict(self.conditions), "context": dict(self.context),
+                **({"samples": list(self.samples)} if self.samples else {})}
 
     @classmethod
     def from_json(cls, data: Mapping) -> Measurement:
@@ -173,18 +177,23 @@ class Measurement:
 
         return measurement(data["quantity"], data["model"], data["value"], data["unit"],
                            tuple(data["spread"]), data["repeats"], tupled(data.get("conditions", {})),
-                           tupled(data.get("context", {})), data.get("over", "repeats"))
+                           tupled(data.get("context", {})), data.get("over", "repeats"),
+                           tuple(data.get("samples", ())))
 
 
 def measurement(quantity: str, model: str, value: float, unit: str, spread: Sequence[float],
                 repeats: int, conditions: Mapping[str, Any] | None = None,
-                context: Mapping[str, Any] | None = None, over: str = "repeats") -> Measurement:
+                context: Mapping[str, Any] | None = None, over: str = "repeats",
+                samples: Sequence[float] = ()) -> Measurement:
     """A :class:`Measurement` from plain mappings (sorted into pairs); ``over``: what the
-    ``repeats`` are, when not repeats of a setting (:attr:`Measurement.over`)."""
+    ``repeats`` are, when not repeats of a setting (:attr:`Measurement.over`); ``samples``:
+    each repeat's value, when kept (one per repeat)."""
     low, high = spread
+    if samples and len(samples) != repeats:
+        raise ValueError(f"{len(samples)} samples for {repeats} repeats of {quantity}")
     return Measurement(quantity, model, float(value), unit, (float(low), float(high)), int(repeats),
                        tuple(sorted((conditions or {}).items())), tuple(sorted((context or {}).items())),
-                       over)
+                       over, tuple(float(x) for x in samples))
 
 
 #: Significant digits a value is written to: seconds (in s, ms or µs) and every other unit but
@@ -689,10 +698,13 @@ def observe(server, model: str, window_s: float, *, max_batch_size: int, connect
     return ServerRun(model, max_batch_size, connections, body_bytes, (window,), driver)
 
 
-def _per_window(run: ServerRun, formula: Callable[[Window], float],
-                whole: Callable[[ServerRun], float]) -> tuple[float, tuple[float, float]]:
+def _per_window(run: ServerRun, formula: Callable[[Window], float], whole: Callable[[ServerRun], float]
+                ) -> tuple[float, tuple[float, float], tuple[float, ...]]:
+    """The run's value (``whole``), its range over the windows and the whole, and each window's
+    value (``formula``): the samples a rank test reads."""
     value = whole(run)
-    return value, _spread([formula(w) for w in run.windows] + [value])
+    samples = tuple(formula(w) for w in run.windows)
+    return value, _spread([*samples, value]), samples
 
 
 def t_http(run: ServerRun, process: str | None = None) -> Measurement:
@@ -713,13 +725,14 @@ def t_http(run: ServerRun, process: str | None = None) -> Measurement:
     def cpu(w: Window) -> float:
         return w.server_cpu_s if process is None else dict(w.cpu_by_process)[process]
 
-    value, spread = _per_window(run, lambda w: definitions.t_http_s(cpu(w), w.answered),
+    value, spread, samples = _per_window(run, lambda w: definitions.t_http_s(cpu(w), w.answered),
                                 lambda r: definitions.t_http_s(sum(cpu(w) for w in r.windows), r.total("answered")))
     processes = len(run.windows[0].cpu_by_process) if run.windows else 0
     where = run.conditions(clock=SERVER_CPU_CLOCK)
     if processes:
         where.update(processes=processes, cpu_of=process or "all")
-    return measurement("t_http", run.model, value, "s", spread, len(run.windows), where, run.context())
+    return measurement("t_http", run.model, value, "s", spread, len(run.windows), where, run.context(),
+                       samples=samples)
 
 
 def capacity(run: ServerRun) -> Measurement:
@@ -741,10 +754,10 @@ def capacity(run: ServerRun) -> Measurement:
                                         mean_queue_wait_s=queue_s / queued if queued else 0.0,
                                         mean_call_s=model_call_s / calls if calls else 0.0)
 
-    value, spread = _per_window(
+    value, spread, samples = _per_window(
         run, lambda w: one(*(getattr(w, f) for f in fields)), lambda r: one(*(r.total(f) for f in fields)))
     return measurement("capacity", run.model, value, "requests/s", spread, len(run.windows),
-                       run.conditions(clock="wall"), run.context())
+                       run.conditions(clock="wall"), run.context(), samples=samples)
 
 
 def served(run: ServerRun) -> Measurement:
@@ -754,47 +767,47 @@ def served(run: ServerRun) -> Measurement:
     saturated simulated device, whose batches fill."""
     if run.total("other"):
         raise ValueError(f"{run.model}: {run.total('other'):g} answers were neither 200 nor 503")
-    value, spread = _per_window(run, lambda w: w.answered / w.window_s,
+    value, spread, samples = _per_window(run, lambda w: w.answered / w.window_s,
                                 lambda r: r.total("answered") / r.total("window_s"))
     return measurement("served", run.model, value, "requests/s", spread, len(run.windows),
-                       run.conditions(clock="wall"), run.context())
+                       run.conditions(clock="wall"), run.context(), samples=samples)
 
 
 def served_per_cpu_second(run: ServerRun) -> Measurement:
     """Requests answered per second of the server process's CPU: the measured side of
     :func:`efficiency`. Tolerance: as :func:`efficiency`."""
-    value, spread = _per_window(run, lambda w: w.answered / w.server_cpu_s,
+    value, spread, samples = _per_window(run, lambda w: w.answered / w.server_cpu_s,
                                 lambda r: r.total("answered") / r.total("server_cpu_s"))
     return measurement("served per CPU second", run.model, value, "requests/s", spread,
-                       len(run.windows), run.conditions(clock=SERVER_CPU_CLOCK), run.context())
+                       len(run.windows), run.conditions(clock=SERVER_CPU_CLOCK), run.context(), samples=samples)
 
 
 def busy_fraction(run: ServerRun) -> Measurement:
     """Seconds inside model calls over the window (the device's view, ``definitions.busy_fraction``);
     never the server's CPU share (``core_share``). Tolerance: within 15 % of 1 on a saturated
     simulated device, whose server uses a small share of its core."""
-    value, spread = _per_window(run, lambda w: definitions.busy_fraction(w.model_call_s, w.window_s),
+    value, spread, samples = _per_window(run, lambda w: definitions.busy_fraction(w.model_call_s, w.window_s),
                                 lambda r: definitions.busy_fraction(r.total("model_call_s"), r.total("window_s")))
     return measurement("busy fraction", run.model, value, "share", spread, len(run.windows),
-                       run.conditions(clock="wall"), run.context())
+                       run.conditions(clock="wall"), run.context(), samples=samples)
 
 
 def core_share(run: ServerRun) -> Measurement:
     """The server process's CPU seconds over the window (``definitions.core_share``)."""
-    value, spread = _per_window(run, lambda w: definitions.core_share(w.server_cpu_s, w.window_s),
+    value, spread, samples = _per_window(run, lambda w: definitions.core_share(w.server_cpu_s, w.window_s),
                                 lambda r: definitions.core_share(r.total("server_cpu_s"), r.total("window_s")))
     return measurement("core share", run.model, value, "share", spread, len(run.windows),
-                       run.conditions(clock=SERVER_CPU_CLOCK), run.context())
+                       run.conditions(clock=SERVER_CPU_CLOCK), run.context(), samples=samples)
 
 
 def device_time_per_request(run: ServerRun) -> Measurement:
     """Seconds inside model calls per request answered (``definitions.device_seconds_per_request``).
     Tolerance: within 25 % of ``t(B)/B`` on a saturated simulated device (as :func:`capacity`)."""
-    value, spread = _per_window(
+    value, spread, samples = _per_window(
         run, lambda w: definitions.device_seconds_per_request(w.model_call_s, int(w.answered)),
         lambda r: definitions.device_seconds_per_request(r.total("model_call_s"), int(r.total("answered"))))
     return measurement("device time per request", run.model, value, "s", spread, len(run.windows),
-                       run.conditions(clock="wall"), run.context())
+                       run.conditions(clock="wall"), run.context(), samples=samples)
 
 
 def serial_limit(t_http_record: Measurement, times: CallTimes, batch_size: int) -> Measurement:
@@ -1333,9 +1346,10 @@ def mean_batch(run) -> Measurement:
     """Rows per model call over the run (the server's ``mmserver_batch_size_rows``), of a
     :class:`ServerRun` or a :class:`BurstRun`. Tolerance: exactly 1 for bursts of one
     request, and never above the burst (``tests/test_instruments.py``)."""
-    value, spread = _per_window(run, lambda w: w.rows / w.calls if w.calls else 0.0,
+    value, spread, samples = _per_window(run, lambda w: w.rows / w.calls if w.calls else 0.0,
                                 lambda r: r.total("rows") / r.total("calls") if r.total("calls") else 0.0)
-    return measurement("mean batch", run.model, value, "rows", spread, len(run.windows), run.conditions())
+    return measurement("mean batch", run.model, value, "rows", spread, len(run.windows), run.conditions(),
+                       samples=samples)
 
 
 def queue_wait(run, client: int | None = None) -> Measurement:
@@ -1351,10 +1365,10 @@ def queue_wait(run, client: int | None = None) -> Measurement:
         if client is None:
             raise TypeError("a timeline's queue wait is one client's: name the client")
         return _client_queue_wait(run, client)
-    value, spread = _per_window(run, lambda w: w.queue_s / w.queued if w.queued else 0.0,
+    value, spread, samples = _per_window(run, lambda w: w.queue_s / w.queued if w.queued else 0.0,
                                 lambda r: r.total("queue_s") / r.total("queued") if r.total("queued") else 0.0)
     return measurement("queue wait", run.model, value, "s", spread, len(run.windows),
-                       run.conditions(clock="wall"), run.context())
+                       run.conditions(clock="wall"), run.context(), samples=samples)
 
 
 # -- bursts far below capacity ---------------------------------------------------------------------
@@ -1481,7 +1495,7 @@ def answer_latency(run: BurstRun, which: str) -> Measurement:
         raise ValueError(f"which must be one of {sorted(ANSWERS)}, got {which!r}")
     per_burst = [ANSWERS[which](lat) for lat in run.latencies]
     return measurement(f"{which} answer", run.model, statistics.median(per_burst), "s", _spread(per_burst),
-                       len(per_burst), run.conditions(clock="wall"), run.context())
+                       len(per_burst), run.conditions(clock="wall"), run.context(), samples=per_burst)
 
 
 def drain_rate(run: ServerRun) -> Measurement:
@@ -1490,11 +1504,11 @@ def drain_rate(run: ServerRun) -> Measurement:
     ``definitions.full_queue_wait_s``). Unlike :func:`capacity` it accepts a run that shed.
     Tolerance: within 25 % of ``B / t(B)`` on a simulated device overloaded past its queue
     (as :func:`capacity`; the 503s cost a device that holds no CPU nothing)."""
-    value, spread = _per_window(run, lambda w: w.answered / w.window_s,
+    value, spread, samples = _per_window(run, lambda w: w.answered / w.window_s,
                                 lambda r: r.total("answered") / r.total("window_s"))
     return measurement("drain rate", run.model, value, "requests/s", spread, len(run.windows),
                        run.conditions(clock="wall"),
-                       run.context(shed_rps=round(run.total("shed") / run.total("window_s"), 1)))
+                       run.context(shed_rps=round(run.total("shed") / run.total("window_s"), 1)), samples=samples)
 
 
 def batch_time(run: ServerRun) -> Measurement:
@@ -1502,10 +1516,10 @@ def batch_time(run: ServerRun) -> Measurement:
     count), at the mean batch in the record's context. Tolerance: within 25 % of ``t(B)`` on a
     saturated simulated device (as :func:`capacity`: a call is timed until the event loop
     takes its answers)."""
-    value, spread = _per_window(run, lambda w: w.model_call_s / w.calls,
+    value, spread, samples = _per_window(run, lambda w: w.model_call_s / w.calls,
                                 lambda r: r.total("model_call_s") / r.total("calls"))
     return measurement("batch time", run.model, value, "s", spread, len(run.windows),
-                       run.conditions(clock="wall"), run.context())
+                       run.conditions(clock="wall"), run.context(), samples=samples)
 
 
 # -- a client's view: the latency of requests sent one at a time ---------------------------------

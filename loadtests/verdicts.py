@@ -53,6 +53,9 @@ class Verdict:
     word: str
     sentence: str
     rule: str = ""
+    #: False where the claim holds only because this run could not rank what it compared (the
+    #: saving, say, was not told from noise): not contradicted, and not shown either.
+    decided: bool = True
 
     def __bool__(self) -> bool:
         return self.holds
@@ -192,8 +195,10 @@ def account_explains(served: Measurement, t_http: Measurement, call: Measurement
     elif not edges:
         sentence += f"; the core {direction}, beyond the noise band ({definitions.NOISE_BAND:.0%})."
     else:
-        sentence += (f"; over the repeats the efficiency with t_http ran {low:.3f}–{high:.3f}, reaching across the "
-                     f"band's edge at {edges[0]:.3f}: a re-run may sort it either way.")
+        crossed = (f"the band's edge at {edges[0]:.3f}" if len(edges) == 1 else
+                   f"both of the band's edges, {edges[0]:.3f} and {edges[1]:.3f}")
+        sentence += (f"; over the repeats the efficiency with t_http ran {low:.3f}–{high:.3f}, reaching across "
+                     f"{crossed}: a re-run may sort it either way.")
     return Verdict("the two-part account explains the served rate", explains and tells, word, sentence)
 
 
@@ -234,19 +239,24 @@ def indistinguishable(a: Measurement, b: Measurement, setting: str = "policy") -
 def _told_apart(a: Measurement, b: Measurement) -> bool:
     """Whether two settings' records rank them: values beyond the noise band and
     ``definitions.told_apart`` over their repeats. Every verdict that ranks settings asks this."""
-    return not definitions.agree(a.value, b.value) and definitions.told_apart(a.spread, a.repeats,
-                                                                              b.spread, b.repeats)
+    return not definitions.agree(a.value, b.value) and definitions.told_apart(
+        a.spread, a.repeats, b.spread, b.repeats, samples_a=a.samples, samples_b=b.samples)
 
 
 def _why_not_apart(a: Measurement, b: Measurement) -> str:
     """Why :func:`_told_apart` does not rank ``a`` and ``b``, in the rule's own terms: their
-    values within the band, their ranges overlapping, or a gap inside the band over too few
-    repeats (with the chance that repeats of one measurement part so)."""
+    values within the band, their ranges overlapping (with, where both kept their repeats, the
+    chance that repeats of one measurement come out so ordered), or a gap inside the band over
+    too few repeats (with the chance that repeats of one measurement part so)."""
     if definitions.agree(a.value, b.value):
         return f"their values lie within the noise band ({definitions.NOISE_BAND:.0%}) of each other"
     lower, upper = sorted((a.spread, b.spread))
     if definitions.indistinguishable(a.spread, b.spread):
-        return "their ranges over the repeats overlap"
+        if not (a.samples and b.samples):
+            return "their ranges over the repeats overlap"
+        return (f"their ranges over the repeats overlap, and chance alone would order {a.repeats} repeats "
+                f"against {b.repeats} at least as consistently {definitions.rank_chance(a.samples, b.samples):.1%} "
+                f"of the time, above {definitions.CHANCE_LEVEL:.0%}")
     gap = upper[0] / lower[1] - 1.0
     chance = definitions.chance_apart(a.repeats, b.repeats)
     return (f"their ranges miss each other by {gap:.0%}, inside the noise band "
@@ -257,8 +267,8 @@ def _why_not_apart(a: Measurement, b: Measurement) -> str:
 #: How every verdict that ranks two records says what :func:`_told_apart` asks (its ``rule``).
 TOLD_APART_RULE = (f"Two measurements are told apart only when their values differ by more than the noise band, "
                    f"{definitions.NOISE_BAND:.0%}, and their ranges over the repeats miss each other by more "
-                   f"than it too, or over enough repeats that chance alone would part them at most "
-                   f"{definitions.CHANCE_LEVEL:.0%} of the time.")
+                   f"than it too, or their repeats are ordered so consistently that chance alone would order "
+                   f"them so at most {definitions.CHANCE_LEVEL:.0%} of the time.")
 
 
 def wait_saved(greedy: Measurement, waiting: Measurement) -> Verdict:
@@ -287,7 +297,8 @@ def wait_saved(greedy: Measurement, waiting: Measurement) -> Verdict:
     else:
         sentence = (f"At {load}, the wait's device time per request was not told apart from greedy's: {compared}; "
                     f"{_why_not_apart(greedy, waiting)}, so this run cannot tell the saving from noise.")
-    return Verdict("the wait saved device time", holds, word, sentence, "" if single else TOLD_APART_RULE)
+    return Verdict("the wait saved device time", holds, word, sentence, "" if single else TOLD_APART_RULE,
+                   decided=apart)
 
 
 def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement) -> Verdict:
@@ -387,7 +398,7 @@ def passes_on(served: Measurement, model_gain: Measurement) -> Verdict:
         return Verdict("the server passes the model's gain on", True, word, head + (
             f"the served gain came out {_signed_share(off)} against the model's, beyond the noise band "
             f"({definitions.NOISE_BAND:.0%}), but this run cannot tell whether the server added to the gain or "
-            f"only passed it on; {why}"), TOLD_APART_RULE)
+            f"only passed it on; {why}"), TOLD_APART_RULE, decided=False)
     return Verdict("the server passes the model's gain on", word != "ate part of", word,
                    head + f"the server {word} the model's gain ({_signed_share(off)}), {why}", TOLD_APART_RULE)
 
@@ -812,31 +823,35 @@ def _wait_pair(greedy: Measurement, waiting: Measurement, quantity: str | None =
                            f"against {waiting.where.get('max_wait_ms')}")
 
 
+def _ranked(greedy: Measurement, waiting: Measurement, more: str, less: str, same: str) -> str:
+    """The word for how the longer wait's record ranks against the shorter's: ``more`` or
+    ``less`` when :func:`_told_apart`, else ``same``; the one rule of every wait verdict."""
+    if not _told_apart(greedy, waiting):
+        return same
+    return more if waiting.value > greedy.value else less
+
+
 def _batches(greedy: Measurement, waiting: Measurement) -> tuple[str, str]:
     _wait_pair(greedy, waiting, "mean batch")
-    if _exceeds(waiting.value, greedy.value):
-        word = "fuller"
-    elif _exceeds(greedy.value, waiting.value):
-        word = "emptier"
-    else:
-        word = "unchanged"
+    word = _ranked(greedy, waiting, "fuller", "emptier", "unchanged")
     return word, (f"With max_wait {waiting.where['max_wait_ms']:g} ms the batches of {greedy.model} were {word}: "
                   f"{waiting.value:.1f} rows per call against {greedy.value:.1f} with "
-                  f"{greedy.where['max_wait_ms']:g} ms (noise band {definitions.NOISE_BAND:.0%}).")
+                  f"{greedy.where['max_wait_ms']:g} ms"
+                  + (f"; {_why_not_apart(greedy, waiting)}." if word == "unchanged" else "."))
 
 
 def wait_fills_batches(greedy: Measurement, waiting: Measurement) -> Verdict:
     """Whether a longer max_wait made the batches fuller (``instruments.mean_batch``, larger
     beyond the noise band), at the same load. Refused: other conditions, or the longer wait first."""
     word, sentence = _batches(greedy, waiting)
-    return Verdict("the wait fills the batches", word == "fuller", word, sentence)
+    return Verdict("the wait fills the batches", word == "fuller", word, sentence, TOLD_APART_RULE)
 
 
 def wait_leaves_batches(greedy: Measurement, waiting: Measurement) -> Verdict:
     """Whether a longer max_wait left the batches as they were (mean batches within the noise
     band), at the same load: what greedy does when no request is ever on its way."""
     word, sentence = _batches(greedy, waiting)
-    return Verdict("the wait leaves the batches", word == "unchanged", word, sentence)
+    return Verdict("the wait leaves the batches", word == "unchanged", word, sentence, TOLD_APART_RULE)
 
 
 def wait_is_a_bound(queued: Measurement, without: Measurement) -> Verdict:
@@ -864,22 +879,18 @@ def wait_is_a_bound(queued: Measurement, without: Measurement) -> Verdict:
 
 def wait_delays(greedy: Measurement, waiting: Measurement) -> Verdict:
     """Whether a longer max_wait made an answer (``instruments.answer_latency``: the first,
-    median or last of a burst) come later, beyond the noise band, at the same load. The
-    sentence says later, sooner, or neither."""
+    median or last of a burst) come later, told apart (:func:`_told_apart`, over the bursts), at
+    the same load. The sentence says later, sooner, or not told apart, and why not."""
     if not greedy.quantity.endswith(" answer"):
         raise Incomparable(f"need answer latencies, got {greedy.quantity!r}")
     _wait_pair(greedy, waiting, greedy.quantity)
-    if _exceeds(waiting.value, greedy.value):
-        word = "later"
-    elif _exceeds(greedy.value, waiting.value):
-        word = "sooner"
-    else:
-        word = "neither sooner nor later"
+    word = _ranked(greedy, waiting, "later", "sooner", "neither sooner nor later, as far as this run can tell")
+    shown = " against ".join(_values(waiting, greedy))
     return Verdict("the wait delays the answer", word == "later", word,
                    f"With max_wait {waiting.where['max_wait_ms']:g} ms the {greedy.quantity} of a burst to "
-                   f"{greedy.model} came {word}: {waiting.value * 1e3:.1f} ms against {greedy.value * 1e3:.1f} ms "
-                   f"with {greedy.where['max_wait_ms']:g} ms (medians over bursts, noise band "
-                   f"{definitions.NOISE_BAND:.0%}).")
+                   f"{greedy.model} came {word}: {shown} with {greedy.where['max_wait_ms']:g} ms (medians over "
+                   f"bursts)" + (f"; {_why_not_apart(greedy, waiting)}." if word.startswith("neither") else "."),
+                   TOLD_APART_RULE)
 
 
 # -- notebook 06: the kind of load, a stall, and a full queue ------------------------------------

@@ -85,11 +85,14 @@ def claim(holds, text: str | None = None) -> None:
     """Assert a claim about this run, then state it; a run that contradicts it fails here.
 
     ``holds`` is a bool with its ``text``, or a ``verdicts.Verdict`` (its sentence is the text).
+    A claim the run bore out is marked ✔; one that holds only because the run could not rank
+    what it compared (a verdict not ``decided``: not contradicted, not shown) is marked ≈.
     """
+    decided = True
     if isinstance(holds, verdicts.Verdict):
-        holds, text = holds.holds, _statements.state(holds, text)
+        decided, holds, text = holds.decided, holds.holds, _statements.state(holds, text)
     assert holds, f"this run contradicts the lesson's claim: {text}"
-    say(f"✔ {text}")
+    say(f"{'✔' if decided else '≈'} {text}")
 
 
 def report(verdict) -> None:

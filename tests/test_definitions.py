@@ -10,6 +10,8 @@ a slow batch 1 (15 ms against the line's 12) and a batch of 16 at 40 ms:
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from loadtests import definitions as d
@@ -219,6 +221,37 @@ def test_agree_within_the_noise_band():
     assert d.agree(100.0, 120.0, band=0.2)
     # notebook 01's 148 and notebook 06's 134 requests/s agree; 148 and 116 do not
     assert d.agree(148.0, 134.0) and not d.agree(148.0, 116.0)
+
+
+def test_rank_chance_is_the_exact_rank_test():
+    """Ranges that miss give ``chance_apart``; each pair against the order raises the chance by
+    the orders that have that many such pairs (3 against 3: 1, 1, 2, 3, 3, 3, 3, 2, 1, 1 of 20)."""
+    assert d.rank_chance([1, 2, 3], [4, 5, 6]) == pytest.approx(d.chance_apart(3, 3)) == pytest.approx(0.1)
+    assert d.rank_chance([4, 5, 6], [1, 2, 3]) == pytest.approx(0.1)              # either order
+    assert d.rank_chance([1, 2, 4], [3, 5, 6]) == pytest.approx(2 * 2 / 20)       # one pair against
+    assert d.rank_chance([1, 2, 4], [4, 5, 6]) == pytest.approx(2 * 2 / 20)       # a tie counts against
+    assert d.rank_chance([1, 4, 5], [2, 3, 6]) == pytest.approx(1.0)              # capped
+    assert d.rank_chance([1, 3, 5], [2, 4, 6]) == pytest.approx(2 * 7 / 20)
+    assert d.rank_chance(range(5), range(5, 10)) == pytest.approx(d.chance_apart(5, 5))
+    assert sum(d._orders_by_pairs_against(20, 20)) == math.comb(40, 20)
+    with pytest.raises(ValueError, match="both sides"):
+        d.rank_chance([], [1.0])
+
+
+def test_told_apart_over_many_repeats_reads_the_repeats_not_their_extremes():
+    """04's counterexample: 20 bursts each, one greedy burst ran as a single call and fell in the
+    wait's range, so the ranges overlap although 19 of 20 greedy bursts cost more than every
+    burst with the wait. The repeats rank them; ranges alone do not."""
+    waiting = [2.00 + 0.0085 * k for k in range(20)]                    # 2.00-2.16 ms
+    greedy = [2.15] + [2.9 + 0.0185 * k for k in range(19)]             # one burst at 2.15
+    ranges = (min(greedy), max(greedy)), (min(waiting), max(waiting))
+    assert d.indistinguishable(*ranges)
+    assert not d.told_apart(ranges[0], 20, ranges[1], 20)
+    assert d.told_apart(ranges[0], 20, ranges[1], 20, samples_a=greedy, samples_b=waiting)
+    mixed = [w + 0.004 for w in waiting]                                 # interleaved: no rank
+    assert not d.told_apart((min(mixed), max(mixed)), 20, ranges[1], 20, samples_a=mixed, samples_b=waiting)
+    few = ([1.0, 2.0, 3.5], [3.0, 4.0, 5.0])                             # three against three never rank
+    assert not d.told_apart((1.0, 3.5), 3, (3.0, 5.0), 3, samples_a=few[0], samples_b=few[1])
 
 
 def test_told_apart_needs_a_gap_beyond_the_band_or_enough_repeats():

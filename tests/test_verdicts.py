@@ -138,6 +138,10 @@ def test_an_account_whose_repeats_cross_the_band_edge_says_a_re_run_may_differ()
     steady = verdicts.account_explains(per_cpu_second(rate), seconds("t_http", t_http, clock="server CPU"),
                                        seconds("t(16)", 16 * per_row), 16)
     assert "re-run" not in steady.sentence
+    both = measurement("efficiency", "cnn", 1.18, "ratio", (0.829, 1.377), 3, {})   # 04's later run
+    across = verdicts.account_explains(per_cpu_second(1.18 / (t_http + per_row)), seconds("t_http", t_http, clock="server CPU"),
+                                       seconds("t(16)", 16 * per_row), 16, efficiency=both)
+    assert "ran 0.829–1.377, reaching across both of the band's edges, 0.870 and 1.150:" in across.sentence
 
 
 def test_the_account_is_per_cpu_second():
@@ -259,6 +263,26 @@ def test_the_wait_saves_nothing_the_repeats_do_not_tell_apart():
     costly = measurement("device time per request", "m", 12e-3, "s", (11e-3, 14e-3), 3,
                          {"clock": "wall", "offered_rps": 34, "policy": "timer"})
     assert verdicts.wait_saved(greedy, costly).holds   # more, but not told apart: not a failure
+
+
+def test_the_wait_saved_over_bursts_whose_ranges_touch():
+    """04's counterexample (2.08 against 3.03 ms over 20 bursts each): one greedy burst ran as a
+    single call of 12 and made the ranges touch, and the verdict put its ✔ on "cannot tell". Over
+    the bursts themselves the saving is told apart, and the sentence says how."""
+    where = {"clock": "wall", "load": "bursts of 12 to an idle model", "max_batch_size": 16}
+    greedy_bursts = [2.17e-3] + [2.9e-3 + 0.0185e-3 * k for k in range(19)]
+    waiting_bursts = [2.00e-3 + 0.0085e-3 * k for k in range(20)]
+    greedy = measurement("device time per request", "images", 3.03e-3, "s", (2.17e-3, 3.25e-3), 20,
+                         {**where, "max_wait_ms": 0}, samples=greedy_bursts)
+    waiting = measurement("device time per request", "images", 2.08e-3, "s", (2.00e-3, 2.17e-3), 20,
+                          {**where, "max_wait_ms": 20}, samples=waiting_bursts)
+    verdict = verdicts.wait_saved(greedy, waiting)
+    assert verdict.holds and verdict.decided and verdict.word == "saved"
+    bare = [dataclasses.replace(r, samples=()) for r in (greedy, waiting)]
+    undecided = verdicts.wait_saved(*bare)
+    assert undecided.holds and not undecided.decided and undecided.word == "did not measurably save"
+    mixed = dataclasses.replace(greedy, samples=tuple(w + 0.004e-3 for w in waiting_bursts))
+    assert "at least as consistently" in verdicts.wait_saved(mixed, waiting).sentence
 
 
 # -- batch 1 and the line: reported, not asserted ---------------------------------------------------
@@ -754,7 +778,7 @@ def test_the_wait_delays_an_answer():
     sooner = verdicts.wait_delays(burst_record("last answer", 39.4e-3, 0), burst_record("last answer", 29.1e-3, 20))
     assert not sooner.holds and sooner.word == "sooner"
     assert verdicts.wait_delays(burst_record("last answer", 39e-3, 0),
-                                burst_record("last answer", 40e-3, 20)).word == "neither sooner nor later"
+                                burst_record("last answer", 40e-3, 20)).word.startswith("neither sooner nor later")
     with pytest.raises(Incomparable):   # the first answer of one against the last of the other
         verdicts.wait_delays(burst_record("first answer", 15.7e-3, 0), burst_record("last answer", 29.1e-3, 20))
 
