@@ -224,6 +224,22 @@ def serial_limit_rps(t_http: float, call_s: float, batch_rows: float) -> float:
     return 1.0 / (t_http + call_s / batch_rows)
 
 
+def served_share(served_rps: float, sent_rps: float) -> float:
+    """Served share: the requests a server answered over those that reached it and were
+    answered or refused (503), in one window of an open-loop run: ``served / sent``.
+
+    Why not the served rate itself: under random (Poisson) arrivals at one offered rate, each
+    run brings its own count of requests, so two settings that both answered everything serve
+    different rates by chance alone (notebook 07's served 232 against 215 requests/s at 221
+    offered, nothing shed). The share cancels each run's own arrivals: 1 when the server kept up,
+    less by what it refused.
+    """
+    _positive(sent_rps=sent_rps)
+    if served_rps < 0 or served_rps > sent_rps * (1 + 1e-9):
+        raise ValueError(f"served {served_rps!r} must lie between 0 and sent {sent_rps!r}")
+    return min(1.0, served_rps / sent_rps)
+
+
 def capacity_rps(answered: int, window_s: float, *, shed: int, mean_batch_rows: float,
                  max_batch_size: int, mean_queue_wait_s: float | None = None,
                  mean_call_s: float | None = None) -> float:

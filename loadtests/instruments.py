@@ -1587,7 +1587,8 @@ def sweep_point(row: Mapping[str, Any]) -> dict[str, Measurement]:
     row of ``loadtests.shared_device``): the server's window (mean batch, and where the row has
     them device time per request and busy fraction, by the definitions of
     :func:`device_time_per_request` and :func:`busy_fraction`; the mean queue wait) and
-    locust's p50 and p99.
+    locust's p50 and p99; where the row has what reached the server, the served share
+    (:func:`definitions.served_share`).
     Conditions: the point's model, policy, MAX_WAIT as the server ran it
     (``effective_max_wait_ms`` where the row has it), MAX_BATCH_SIZE and offered load: a
     verdict compares two points only at the same load. Refused: a point whose requests failed.
@@ -1606,6 +1607,10 @@ def sweep_point(row: Mapping[str, Any]) -> dict[str, Measurement]:
             value = float(row[column]) * scale
             records[quantity] = measurement(quantity, str(row["model"]), value, unit, (value, value), 1,
                                             where, context)
+    if float(row.get("sent_rps") or 0) > 0:
+        share = definitions.served_share(float(row["achieved_rps"]), float(row["sent_rps"]))
+        records["served share"] = measurement("served share", str(row["model"]), share, "share", (share, share), 1,
+                                              where, context)
     return records
 
 
@@ -1618,4 +1623,4 @@ def over_repeats(records: Sequence[Measurement]) -> Measurement:
             raise ValueError(f"{record.describe()} is not a repeat of {first.describe()}")
     values = [r.value for r in records]
     return measurement(first.quantity, first.model, statistics.median(values), first.unit, _spread(values),
-                       len(records), first.where)
+                       len(records), first.where, samples=values)

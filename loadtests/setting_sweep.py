@@ -23,7 +23,7 @@ from loadtests import definitions, instruments, plots, queueing
 from loadtests.verdicts import setting_label
 
 #: The records each point keeps, over its repeats.
-QUANTITIES = ("p50", "p99", "throughput", "mean batch", "device time per request")
+QUANTITIES = ("p50", "p99", "throughput", "served share", "mean batch", "device time per request")
 
 
 def sweep(out: Path, repo: Path, *, batch_sizes: Sequence[int], timer_batch_size: int, waits_ms: Sequence[float],
@@ -47,8 +47,8 @@ def sweep(out: Path, repo: Path, *, batch_sizes: Sequence[int], timer_batch_size
 
 
 def points(rows: Sequence[Mapping]) -> list[dict]:
-    """One point per setting and load: each of :data:`QUANTITIES` over the repeats (median,
-    lowest and highest), and the requests shed over all repeats."""
+    """One point per setting and load: each of :data:`QUANTITIES` that every repeat recorded,
+    over the repeats (median, lowest and highest), and the requests shed over all repeats."""
     grouped: dict[tuple, list[Mapping]] = {}
     for row in rows:
         key = (row["policy"], row["max_batch_size"], row["effective_max_wait_ms"], row["offered_rps"])
@@ -56,7 +56,8 @@ def points(rows: Sequence[Mapping]) -> list[dict]:
     merged = []
     for key in sorted(grouped):
         repeats = [instruments.sweep_point(row) for row in grouped[key]]
-        point = {q: instruments.over_repeats([r[q] for r in repeats]) for q in QUANTITIES}
+        point = {q: instruments.over_repeats([r[q] for r in repeats]) for q in QUANTITIES
+                 if all(q in r for r in repeats)}
         point["shed"] = sum(int(row["shed_503"]) for row in grouped[key])
         merged.append(point)
     return merged

@@ -977,8 +977,10 @@ def queue_bound_holds(wait: Measurement, drain: Measurement, batch: Measurement,
     holds = (1 - band) * least <= wait.value <= (1 + band) * most
     word = "hold" if holds else "do not hold"
     where = (", outside them" if not holds else
-             f", above the upper bound itself, within its {band:.0%} widening" if wait.value > most else
-             f", below the lower bound itself, within its {band:.0%} widening" if wait.value < least else "")
+             f", {wait.value / most - 1:.0%} above the upper bound itself, within its {band:.0%} widening"
+             if wait.value > most else
+             f", {1 - wait.value / least:.0%} below the lower bound itself, within its {band:.0%} widening"
+             if wait.value < least else "")
     return Verdict("the queue bounds at the drain rate hold the median wait", holds, word,
                    f"The queue bounds at the drain rate {word} the median wait: {max_queue_size} / "
                    f"{drain.value:.0f} per second = {least * 1e3:.0f} ms at least, ({max_queue_size} + "
@@ -1232,19 +1234,21 @@ def setting_label(record: Measurement) -> str:
 def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default: str) -> Verdict:
     """Q(c)'s answer, by the reader's criteria and no others.
 
-    ``points``: one per setting and offered load, each ``{"p99": ..., "throughput": ...,
-    "shed": n}``: the p99 and the served requests/s over the point's repeats
-    (``instruments.over_repeats`` of ``instruments.sweep_point``'s records) and the requests it
-    shed. ``default``: the label (:func:`setting_label`) of the setting a reader runs when
-    nothing says otherwise.
+    ``points``: one per setting and offered load, each ``{"p99": ..., "served share": ...,
+    "shed": n}``: the p99 and the served share (``definitions.served_share``) over the point's
+    repeats (``instruments.over_repeats`` of ``instruments.sweep_point``'s records) and the
+    requests it shed. ``default``: the label (:func:`setting_label`) of the setting a reader
+    runs when nothing says otherwise.
 
     1. A setting *holds* the budget at a load when its p99 is within ``budget_s`` in every
        repeat (the highest of its range) and it shed nothing there: a setting that broke the
        budget in one run of two is not one to recommend for it.
     2. The candidates hold it at the highest load any setting holds it.
-    3. Among them, the most throughput at the next load up; a candidate not told apart from the
-       best (:func:`_told_apart`: within the noise band of it, or ranges over the repeats that
-       overlap it or miss it narrowly over too few repeats) stays tied with it.
+    3. Among them, the largest served share at the next load up (the share of what reached the
+       server that it answered: not the served rate, which counts each run's own random
+       arrivals); a candidate not told apart from the best (:func:`_told_apart`: within the
+       noise band of it, or ranges over the repeats that overlap it or miss it narrowly over
+       too few repeats) stays tied with it.
     4. A tie goes to ``default`` when it is among them; otherwise the data cannot choose, and
        the verdict fails and names them. Device time, p50 and the like never enter.
 
@@ -1253,11 +1257,11 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
     """
     by_setting: dict[str, dict[float, Mapping[str, Any]]] = {}
     for point in points:
-        p99, rate = point["p99"], point["throughput"]
-        if p99.quantity != "p99" or rate.quantity != "throughput":
-            raise Incomparable(f"need p99 and throughput records, got {p99.quantity!r} and {rate.quantity!r}")
-        if p99.where != rate.where or p99.model != rate.model:
-            raise Incomparable("a point's p99 and throughput come from different runs")
+        p99, share = point["p99"], point["served share"]
+        if p99.quantity != "p99" or share.quantity != "served share":
+            raise Incomparable(f"need p99 and served share records, got {p99.quantity!r} and {share.quantity!r}")
+        if p99.where != share.where or p99.model != share.model:
+            raise Incomparable("a point's p99 and served share come from different runs")
         by_setting.setdefault(setting_label(p99), {})[p99.where["offered_rps"]] = point
     models = {point["p99"].model for point in points}
     if len(models) > 1:
@@ -1296,15 +1300,14 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
     tied, ranked = candidates, False
     if len(candidates) > 1 and above:
         nxt = above[0]
-        rates = {label: by_setting[label][nxt]["throughput"] for label in candidates if nxt in by_setting[label]}
-        if rates:
-            best = max(rates, key=lambda label: rates[label].value)
-            tied = [label for label in rates if not _told_apart(rates[best], rates[label])]
-            tied.sort(key=lambda label: -rates[label].value)
+        shares = {label: by_setting[label][nxt]["served share"] for label in candidates if nxt in by_setting[label]}
+        if shares:
+            best = max(shares, key=lambda label: shares[label].value)
+            tied = [label for label in shares if not _told_apart(shares[best], shares[label])]
+            tied.sort(key=lambda label: -shares[label].value)
             ranked = True
-            evidence += (f"; served at {nxt:g} requests/s offered: "
-                         + ", ".join(f"{label} {rates[label].value:.0f} ({rates[label].spread[0]:.0f}–"
-                                     f"{rates[label].spread[1]:.0f})" for label in rates))
+            evidence += (f"; share of what reached the server answered at {nxt:g} requests/s offered: "
+                         + ", ".join(f"{label} {shares[label].shown()}" for label in shares))
     if above:
         evidence += f"; no setting held it at {_and(f'{load:g}' for load in above)} requests/s"
     caveat = (f" {_and(near)} missed the budget at {top:g} requests/s by less than the noise band "
@@ -1320,7 +1323,7 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
     if default not in tied:
         return Verdict("the data choose one setting", False, "cannot choose between",
                        f"{cannot} ({evidence}).{caveat}", TOLD_APART_RULE)
-    order = "most served first" if ranked else "no load above to rank them"
+    order = "largest served share first" if ranked else "no load above to rank them"
     return Verdict("the data choose one setting", True, "run the default",
                    f"{cannot}; the default breaks the tie, so run the default: {default} ({evidence}; "
                    f"tied, {order}: {', '.join(tied)}).{caveat}", TOLD_APART_RULE)

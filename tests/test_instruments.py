@@ -778,6 +778,12 @@ def test_sweep_point_reads_each_column_in_its_unit():
     assert records["p50"].where == {"policy": "timer", "max_wait_ms": 124.0, "max_batch_size": 32,
                                     "offered_rps": 36.0, "clock": "wall"}
     assert records["p50"].observed["served_rps"] == pytest.approx(0.21 / 0.00557, abs=0.1)
+    assert "served share" not in records   # the row holds no count of what reached the server
+    shed = instruments.sweep_point(_sweep_row(achieved_rps=30.0, sent_rps=40.0, shed_503=40))
+    assert shed["served share"].value == pytest.approx(0.75) and shed["served share"].unit == "share"
+    assert shed["served share"].where == shed["p99"].where
+    with pytest.raises(ValueError, match="between 0 and sent"):   # more answered than reached it
+        instruments.sweep_point(_sweep_row(achieved_rps=41.0, sent_rps=40.0))
     shared = _sweep_row()
     del shared["device_seconds_per_request"], shared["device_busy_fraction"], shared["effective_max_wait_ms"]
     assert "busy fraction" not in instruments.sweep_point(shared)
