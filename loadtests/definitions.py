@@ -240,6 +240,31 @@ def served_share(served_rps: float, sent_rps: float) -> float:
     return min(1.0, served_rps / sent_rps)
 
 
+def backlog_growth_s(latencies_in_arrival_order: Sequence[float]) -> float:
+    """Backlog growth: the median latency of the last quarter of an open loop's arrivals less
+    that of its first quarter, in seconds.
+
+    Why: a runner that keeps up answers the last arrivals as fast as the first; one that falls
+    behind leaves each arrival to wait for the backlog before it, and that backlog grows
+    through the run. Served at ``μ`` against arrivals at ``λ > μ`` for ``T`` seconds, the k-th
+    arrival waits about ``k (1/μ − 1/λ)``, so the quarters' middles (the 1/8 and 7/8 points)
+    lie ``0.75 T (λ/μ − 1)`` apart: half a second for a run of 2 s at a third over capacity.
+    A p99 cannot show this as plainly: a run that kept up can still have a slow tail, and a
+    short run that fell behind can still have a small one.
+    """
+    latencies = list(latencies_in_arrival_order)
+    if len(latencies) < 8:
+        raise ValueError(f"need at least 8 arrivals for two quarters of two, got {len(latencies)}")
+    quarter = len(latencies) // 4
+    return _median(latencies[-quarter:]) - _median(latencies[:quarter])
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def capacity_rps(answered: int, window_s: float, *, shed: int, mean_batch_rows: float,
                  max_batch_size: int, mean_queue_wait_s: float | None = None,
                  mean_call_s: float | None = None) -> float:

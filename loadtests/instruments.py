@@ -1256,7 +1256,7 @@ class OpenLoopRun:
     rate: float                 #: the Poisson rate asked for (requests/s)
     offered_rps: float          #: requests sent over the span of their arrivals
     settings: tuple[tuple[str, Any], ...]
-    latencies: tuple[float, ...]   #: seconds, sent to answered, per request
+    latencies: tuple[float, ...]   #: seconds, sent to answered, per request in arrival order
     queue_waits: tuple[float, ...]  #: seconds, per request, as the runner reports them
     window_s: float             #: first arrival to last answer
     answered: int
@@ -1288,23 +1288,23 @@ async def open_loop(runners: Mapping[str, Any], rate: float, requests: int, row,
     offsets = [0.0]
     for _ in range(requests - 1):
         offsets.append(offsets[-1] + rng.expovariate(rate))
-    latencies = {name: [] for name in runners}
+    latencies = {name: [0.0] * requests for name in runners}
     waits = {name: [] for name in runners}
     last_answer = dict.fromkeys(runners, 0.0)
 
-    async def one(name):
+    async def one(name, index):
         sent = loop.time()
         await runners[name].submit(row)
         last_answer[name] = loop.time()
-        latencies[name].append(last_answer[name] - sent)
+        latencies[name][index] = last_answer[name] - sent
 
     for name, runner in runners.items():
         runner.add_listener(lambda record, name=name: waits[name].extend(record.queue_wait_seconds))
         await runner.start()
     start, in_flight = loop.time(), []
-    for offset in offsets:
+    for index, offset in enumerate(offsets):
         await asyncio.sleep(max(0.0, start + offset - loop.time()))
-        in_flight += [asyncio.create_task(one(name)) for name in runners]
+        in_flight += [asyncio.create_task(one(name, index)) for name in runners]
     await asyncio.gather(*in_flight)
     out = {}
     for name, runner in runners.items():
@@ -1330,6 +1330,16 @@ def open_loop_latency(run: OpenLoopRun, percentile: float) -> Measurement:
     value = _percentile(run.latencies, percentile)
     return measurement(f"p{percentile:g}", run.policy, value, "s", (value, value), 1,
                        run.conditions(), run.context())
+
+
+def backlog_growth(run: OpenLoopRun) -> Measurement:
+    """Backlog growth of an :class:`OpenLoopRun` (``definitions.backlog_growth_s``): how much
+    longer the last quarter of its arrivals took than the first. Tolerance
+    (``tests/test_instruments.py``): under a quarter of a call far below capacity; at twice the
+    capacity, the ``0.75 T (λ/μ − 1)`` of its definition within 25 %."""
+    value = definitions.backlog_growth_s(run.latencies)
+    return measurement("backlog growth", run.policy, value, "s", (value, value), 1, run.conditions(),
+                       run.context())
 
 
 def open_loop_device_time(run: OpenLoopRun) -> Measurement:

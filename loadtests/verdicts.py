@@ -712,17 +712,26 @@ def ms_between(later_s: float, sooner_s: float) -> str:
     return f"{round(later_s * 1e3, 1) - round(sooner_s * 1e3, 1):.1f} ms"
 
 
-def kept_up(worst_p99: Measurement, bound_s: float, bound_from: str = "") -> Verdict:
-    """Whether a runner kept up with its load: its worst p99 over the rates stayed under
-    ``bound_s`` (a backlog that grew through the run would push it far past). ``bound_from``
-    says how the bound was worked out, printed beside it."""
-    holds = worst_p99.value < bound_s
+def kept_up(growths: Sequence[Measurement], bound_s: float, bound_from: str = "") -> Verdict:
+    """Whether a runner kept up with its load at every rate of a sweep: the backlog growth
+    (``instruments.backlog_growth``: the last quarter of the arrivals against the first)
+    stayed under ``bound_s`` at each. A backlog that grew through a run would add about three
+    quarters of the run's length times the share by which arrivals outran the runner, far past
+    a call. ``bound_from`` says how the bound was worked out, printed beside it. Refused:
+    records of another quantity, or of more than one runner."""
+    if not growths or any(g.quantity != "backlog growth" for g in growths):
+        raise Incomparable("need the backlog growth at each rate")
+    if len({g.model for g in growths}) != 1:
+        raise Incomparable(f"records of several runners: {sorted({g.model for g in growths})}")
+    worst = max(growths, key=lambda g: g.value)
+    holds = worst.value < bound_s
     word = "kept up" if holds else "fell behind"
     return Verdict("the runner kept up", holds, word,
-                   f"`{worst_p99.model}` {word} at every rate: its worst {worst_p99.quantity}, "
-                   f"{_ms(worst_p99.value)} at {worst_p99.where.get('offered_rps')} requests/s, "
-                   + ("stayed under" if holds else "went past") + f" {_ms(bound_s)}"
-                   + (f", {bound_from}." if bound_from else "."))
+                   f"`{worst.model}` {word} " + ("at every rate" if holds else f"at {worst.where.get('offered_rps')} "
+                                                 "requests/s")
+                   + f": the last quarter of its arrivals took {signed(f'{worst.value * 1e3:.1f}')} ms against the "
+                   f"first (medians), its most at {worst.where.get('offered_rps')} requests/s, "
+                   + ("under" if holds else "past") + f" {_ms(bound_s)}" + (f", {bound_from}." if bound_from else "."))
 
 
 def served_the_offered(served_rps: Mapping[str, Sequence[float]], offered_rps: Sequence[float]) -> Verdict:
@@ -1327,6 +1336,40 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
     return Verdict("the data choose one setting", True, "run the default",
                    f"{cannot}; the default breaks the tie, so run the default: {default} ({evidence}; "
                    f"tied, {order}: {', '.join(tied)}).{caveat}", TOLD_APART_RULE)
+
+
+def heap_keeps_buffers(fault_share: float, fewer_faults: int) -> Verdict:
+    """Whether, with glibc's thresholds fixed, the heap kept a call's buffers for the next call
+    (appendix 10): the most any run faulted in per call, as a share of the pages its layer
+    outputs fill (``fault_share``), under ``1 / fewer_faults``, the notebook's line between a
+    run that faulted and one that did not."""
+    if not 0 <= fault_share or fewer_faults < 1:
+        raise ValueError(f"need a share >= 0 and a count >= 1, got {fault_share!r} and {fewer_faults!r}")
+    holds = fault_share < 1 / fewer_faults
+    word = "keeps the buffers" if holds else "does not keep the buffers"
+    return Verdict("the heap keeps a call's buffers", holds, word,
+                   f"With the thresholds fixed, {'no' if holds else 'a'} run faulted in more than 1/{fewer_faults} "
+                   f"of the pages its layer outputs fill ({fault_share:.2%} of them per call at most): the heap "
+                   f"{word} for the next call.")
+
+
+#: Rows a busy model's mean batch must exceed to count as batched (appendix 05): well above
+#: one, and well under what its clients can fill.
+MANY_ROWS = 2
+
+
+def runners_batch_apart(busy_mean_batch: float, busy_clients: int, lone_mean_batch: float,
+                        lone_requests: int) -> Verdict:
+    """Whether two models in one server batch in runners of their own (appendix 05): the model
+    with many clients formed batches of more than ``MANY_ROWS`` rows on average while the one
+    with a single client ran each request alone (a mean batch of exactly 1). One shared runner
+    would have put the lone client's requests into the busy model's batches, or held them."""
+    holds = busy_mean_batch > MANY_ROWS and lone_mean_batch == 1
+    word = "batched apart" if holds else "did not batch apart"
+    return Verdict("each model batches in its own runner", holds, word,
+                   f"The two models {word}: the busy one, with {busy_clients} clients, formed batches of "
+                   f"{busy_mean_batch:.1f} rows on average (more than {MANY_ROWS} needed), the other's one client's "
+                   f"{lone_requests} requests ran in batches of {lone_mean_batch:g} row on average (exactly 1 needed).")
 
 
 def faulting_slows(faulted: Sequence[tuple[int, float, float]]) -> Verdict:

@@ -182,25 +182,30 @@ def policy_runners(model_factory, policies, **settings) -> dict:
 def sweep_point(run) -> dict:
     """What the sweep's table and plot show of one ``instruments.OpenLoopRun``, each read by its
     instrument: p50 and p99 latency, device time per request (with mean batch, busy fraction,
-    served rate and queue wait in its context)."""
+    served rate and queue wait in its context), and the backlog's growth through the run."""
     from loadtests import instruments
 
     return {"p50": instruments.open_loop_latency(run, 50), "p99": instruments.open_loop_latency(run, 99),
-            "device": instruments.open_loop_device_time(run), "run": run}
+            "device": instruments.open_loop_device_time(run), "backlog": instruments.backlog_growth(run),
+            "run": run}
 
 
 def print_sweep(sweep: dict, rates) -> None:
     """The sweep's table: one line per rate and policy."""
+    from loadtests.instruments import signed
+
     print(f"{'rate':>5} {'policy':>7} {'requests':>9} {'offered/s':>10} {'served/s':>9} {'batch':>6} "
-          f"{'queue wait':>11} {'p50':>8} {'p99':>8} {'device/request':>15} {'busy':>5}")
+          f"{'queue wait':>11} {'p50':>8} {'p99':>8} {'device/request':>15} {'busy':>5} {'backlog growth':>15}")
     for index, rate in enumerate(rates):
         for policy, points in sweep.items():
             point = points[index]
             run, seen = point["run"], point["device"].observed
+            growth = signed(f"{point['backlog'].value * 1e3:.1f}")
             print(f"{rate:>5} {policy:>7} {run.answered:>9} {run.offered_rps:>10.0f} {seen['served_rps']:>9.0f} "
                   f"{seen['mean_batch']:>6.2f} {seen['queue_wait_s'] * 1e3:>8.1f} ms "
                   f"{point['p50'].value * 1e3:>5.1f} ms {point['p99'].value * 1e3:>5.1f} ms "
-                  f"{point['device'].value * 1e3:>12.2f} ms {seen['busy']:>5.0%}")
+                  f"{point['device'].value * 1e3:>12.2f} ms {seen['busy']:>5.0%} "
+                  f"{growth:>12} ms")
 
 
 def plot_sweep(sweep: dict, rates, max_batch_size: int, max_wait_s: float, title: str) -> None:

@@ -223,6 +223,24 @@ def test_agree_within_the_noise_band():
     assert d.agree(148.0, 134.0) and not d.agree(148.0, 116.0)
 
 
+def test_backlog_growth_reads_the_quarters_in_arrival_order():
+    assert d.backlog_growth_s([0.01] * 40) == 0.0
+    ramp = [0.01 + 0.001 * k for k in range(40)]          # each arrival waits 1 ms more than the last
+    assert d.backlog_growth_s(ramp) == pytest.approx(0.001 * 30)   # the quarters' medians, 30 arrivals apart
+    tail = [0.01] * 38 + [0.5, 0.01]                       # one slow answer: a tail, not a backlog
+    assert d.backlog_growth_s(tail) == 0.0
+    with pytest.raises(ValueError, match="at least 8"):
+        d.backlog_growth_s([0.01] * 7)
+
+
+def test_served_share_is_what_reached_the_server_answered():
+    assert d.served_share(232.0, 232.0) == 1.0 and d.served_share(150.0, 200.0) == pytest.approx(0.75)
+    with pytest.raises(ValueError):
+        d.served_share(201.0, 200.0)
+    with pytest.raises(ValueError):
+        d.served_share(1.0, 0.0)
+
+
 def test_rank_chance_is_the_exact_rank_test():
     """Ranges that miss give ``chance_apart``; each pair against the order raises the chance by
     the orders that have that many such pairs (3 against 3: 1, 1, 2, 3, 3, 3, 3, 2, 1, 1 of 20)."""

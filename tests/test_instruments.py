@@ -592,6 +592,30 @@ def test_open_loop_recovers_a_model_of_known_cost_far_below_its_capacity():
     assert greedy.where["policy"] == "greedy" and greedy.where["offered_rps"] == 20.0
 
 
+def test_backlog_growth_is_flat_below_capacity_and_grows_as_predicted_above_it():
+    """Far below capacity the last quarter of the arrivals waits no longer than the first; at
+    twice the capacity of a greedy runner of batch 1 (a known 5 ms call: 200 requests/s) the
+    backlog grows by 0.75 T (λ/μ − 1) between the quarters' middles. A reader that kept the
+    latencies in the order they were answered, or read a p99, fails here."""
+    from mmserver.batching import BatchSettings, ModelRunner
+
+    def runner():
+        return ModelRunner(KnownCallModel(), BatchSettings(max_batch_size=1, max_wait=0.0, max_queue_size=10_000,
+                                                           policy="greedy"), device="cpu", name="greedy")
+
+    call_s = KNOWN_F_S + KNOWN_C_S
+    calm = asyncio.run(instruments.open_loop({"greedy": runner()}, 20.0, 40, torch.zeros(1, 4), seed=1))["greedy"]
+    assert abs(instruments.backlog_growth(calm).value) < call_s / 4 + definitions.SCHEDULING_SLACK_S / 5
+    rate = 2 / call_s                                     # twice what one call after another serves
+    over = asyncio.run(instruments.open_loop({"greedy": runner()}, rate, 400, torch.zeros(1, 4), seed=2))["greedy"]
+    arrivals_s = 400 / over.offered_rps
+    served_rps = over.answered / over.window_s            # the runner's own rate, the model's sleeps included
+    predicted = 0.75 * arrivals_s * (over.offered_rps / served_rps - 1)
+    growth = instruments.backlog_growth(over)
+    assert 0.75 * predicted <= growth.value <= 1.25 * predicted, (growth.describe(), predicted)
+    assert growth.unit == "s" and growth.where["offered_rps"] == rate
+
+
 # -- bursts far below capacity: a simulated device of known t(b) --------------------------------
 
 BURST_F_S, BURST_C_S, BURST = 0.020, 0.001, 6

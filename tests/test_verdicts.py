@@ -698,12 +698,28 @@ def test_waiting_costs_about_max_wait_or_not():
         verdicts.wait_costs(p50(0.063, "timer", 20), p50(0.012, "greedy", 500), 0.05, 0.026)
 
 
+def growth(value: float, rate: float, policy: str = "timer"):
+    return measurement("backlog growth", policy, value, "s", (value, value), 1,
+                       {"policy": policy, "offered_rps": rate})
+
+
 def test_kept_up_or_fell_behind():
-    assert verdicts.kept_up(p50(0.076, "timer"), 0.304).holds
-    behind = verdicts.kept_up(p50(0.9, "timer"), 0.304)
-    assert not behind.holds and "fell behind" in behind.sentence
-    told = verdicts.kept_up(p50(0.076, "timer"), 0.304, "4 × (MAX_WAIT + a full call)")
-    assert told.sentence.endswith("stayed under 304.0 ms, 4 × (MAX_WAIT + a full call).")
+    """03's old bound took the worst p99 against 4 × (MAX_WAIT + a full call): a runner at a
+    third over its capacity for 2 s (backlog growth 0.5 s) could end with a p99 under it on a
+    short run. The growth of the backlog is what falling behind means."""
+    sweep = [growth(-0.0012, 20), growth(0.0031, 100), growth(0.0007, 500)]
+    kept = verdicts.kept_up(sweep, 0.026, "a full call")
+    assert kept.holds and kept.sentence == ("`timer` kept up at every rate: the last quarter of its arrivals took "
+                                            "3.1 ms against the first (medians), its most at 100 requests/s, under "
+                                            "26.0 ms, a full call.")
+    behind = verdicts.kept_up(sweep + [growth(0.5, 700)], 0.026)
+    assert not behind.holds and behind.sentence.startswith("`timer` fell behind at 700 requests/s: ")
+    assert "past 26.0 ms." in behind.sentence
+    assert "−1.2 ms" in verdicts.kept_up(sweep[:1], 0.026).sentence
+    with pytest.raises(Incomparable):
+        verdicts.kept_up([p50(0.076, "timer")], 0.304)
+    with pytest.raises(Incomparable):
+        verdicts.kept_up([growth(0.001, 20), growth(0.001, 20, "greedy")], 0.026)
 
 # -- notebook 04: t_http at two batch sizes, and greedy's max_wait over HTTP --------------------------
 
@@ -1194,6 +1210,25 @@ def test_no_setting_holds_and_mixed_records_are_refused():
 
 
 # -- appendix 10: what faulting costs --------------------------------------------------------------
+
+
+def test_the_heap_keeps_buffers_under_the_line_only():
+    kept = verdicts.heap_keeps_buffers(0.003, 10)   # appendix 10's run: 0.30 % at most
+    assert kept.holds and kept.sentence.startswith("With the thresholds fixed, no run faulted in more than 1/10")
+    assert "(0.30% of them per call at most)" in kept.sentence
+    faulted = verdicts.heap_keeps_buffers(0.4, 10)   # one run faulted in 40 % of its pages
+    assert not faulted.holds and "a run faulted in more than 1/10" in faulted.sentence
+    assert not verdicts.heap_keeps_buffers(0.1, 10).holds   # the line itself is a fault
+    with pytest.raises(ValueError):
+        verdicts.heap_keeps_buffers(0.1, 0)
+
+
+def test_runners_batch_apart_needs_both_sides():
+    apart = verdicts.runners_batch_apart(4.8, 24, 1.0, 139)   # appendix 05's run
+    assert apart.holds and "formed batches of 4.8 rows on average" in apart.sentence
+    assert not verdicts.runners_batch_apart(1.6, 24, 1.0, 139).holds   # the busy model hardly batched
+    held = verdicts.runners_batch_apart(4.8, 24, 1.4, 139)             # the lone client's requests were batched
+    assert not held.holds and held.word == "did not batch apart"
 
 
 def test_faulting_slows_compares_each_batch_size_with_itself():
