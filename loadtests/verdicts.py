@@ -26,7 +26,7 @@ if not __package__:  # locust -f loadtests imports each file on its own, from an
     import _repo_path  # noqa: F401
 
 from loadtests import definitions
-from loadtests.instruments import Measurement, signed
+from loadtests.instruments import Measurement, show_values, signed
 
 #: The model's or the server's gain from which batching is worth its added latency at all ...
 PAYS_A_LITTLE = 1.2
@@ -1228,8 +1228,11 @@ def _values(*records: Measurement) -> list[str]:
     """Records set side by side in one sentence, each with its range when it has repeats
     (``Measurement.shown``: one way to write a value in every sentence), all in one unit, that
     of the smallest of their values, so that ``768 ms`` is never set against ``1.03 s`` (it
-    reads ``768 ms … against 1057 ms``)."""
+    reads ``768 ms … against 1057 ms``). Single readings share the decimals of the larger, as a
+    range's two ends do: ``6.7 ms against 21.2 ms``, not ``6.71 ms against 21.2 ms``."""
     scale = min((abs(record.value) for record in records if record.value), default=1.0)
+    if all(record.repeats == 1 for record in records) and len({record.unit for record in records}) == 1:
+        return show_values([record.value for record in records], records[0].unit, scale)
     return [record.shown(scale_of=scale) for record in records]
 
 

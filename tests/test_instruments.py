@@ -423,6 +423,13 @@ def test_both_ends_of_a_range_and_its_value_share_the_decimals_of_its_larger_end
     assert alike.shown() == "92 ms (92 ms in each of 2 repeats)"     # no range: its own digits
 
 
+def test_single_readings_side_by_side_share_the_decimals_of_the_larger():
+    """08 printed "6.71 ms against 21.2 ms": each reading at its own significant digits."""
+    assert instruments.show_values([6.71e-3, 21.2e-3], "s") == ["6.7 ms", "21.2 ms"]
+    assert instruments.show_values([0.768, 1.057], "s", 0.768) == ["768 ms", "1057 ms"]
+    assert instruments.show_values([287.04, 297.7], "requests/s") == ["287.0 requests/s", "297.7 requests/s"]
+
+
 def test_a_range_across_zero_reads_from_minus_to_in_one_unit():
     """01 printed "(from −1.34 ms to 569 µs ..." and, before that, "(-0.30 to 1.23 ms ..."."""
     added = instruments.measurement("server added", "m", -0.47e-3, "s", (-1.34e-3, 0.569e-3), 3)
