@@ -180,9 +180,10 @@ def account_explains(served: Measurement, t_http: Measurement, call: Measurement
         word = "does not explain"
     direction = ("served more than the account predicts (the model's calls or the server's own work cost less in "
                  "the server than as measured apart)" if with_http > 1 else "served less than the account predicts")
+    places = 3 if edges else 2   # beside the band's edges, to their decimals
     sentence = (f"The account 1 / (t_http + t({batch_size})/{batch_size}) {word} what one core served of "
-                f"{served.model}: efficiency {with_http:.2f} with t_http ({t_http.value * 1e6:.0f} µs), "
-                f"{without_http:.2f} without it")
+                f"{served.model}: efficiency {with_http:.{places}f} with t_http ({t_http.value * 1e6:.0f} µs), "
+                f"{without_http:.{places}f} without it")
     if word == "explains":
         sentence += f"; only the account with t_http is within the noise band ({definitions.NOISE_BAND:.0%}) of 1."
     elif explains and not resolvable:
@@ -243,6 +244,18 @@ def _told_apart(a: Measurement, b: Measurement) -> bool:
         a.spread, a.repeats, b.spread, b.repeats, samples_a=a.samples, samples_b=b.samples)
 
 
+def _how_apart(a: Measurement, b: Measurement) -> str:
+    """For two records :func:`_told_apart` ranks although their ranges overlap (their repeats
+    ordered consistently), the clause that says so, else nothing: a reader who sees two
+    overlapping ranges ranked is owed the reason."""
+    if not (a.samples and b.samples) or not definitions.indistinguishable(a.spread, b.spread):
+        return ""
+    chance = definitions.rank_chance(a.samples, b.samples)
+    said = "under 0.1%" if chance < 0.001 else f"{chance:.1%}"
+    return (f"; their ranges overlap, but their repeats rank them: chance alone would order {a.repeats} "
+            f"against {b.repeats} so consistently {said} of the time")
+
+
 def _why_not_apart(a: Measurement, b: Measurement) -> str:
     """Why :func:`_told_apart` does not rank ``a`` and ``b``, in the rule's own terms: their
     values within the band, their ranges overlapping (with, where both kept their repeats, the
@@ -293,7 +306,8 @@ def wait_saved(greedy: Measurement, waiting: Measurement) -> Verdict:
     single = greedy.repeats == 1 and waiting.repeats == 1
     if apart:
         sentence = (f"At {load}, the wait {word} device time per request: {compared}"
-                    + ("; one run per setting, told apart by the noise band alone." if single else "."))
+                    + ("; one run per setting, told apart by the noise band alone." if single else
+                       f"{_how_apart(greedy, waiting)}."))
     else:
         sentence = (f"At {load}, the wait's device time per request was not told apart from greedy's: {compared}; "
                     f"{_why_not_apart(greedy, waiting)}, so this run cannot tell the saving from noise.")
@@ -312,10 +326,17 @@ def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement) -> Ve
     holds = definitions.agree(t1.value, line)
     word = "on the line" if holds else "off the line"
     apart = max(t1.value, line) / min(t1.value, line) - 1
+    edge = abs(apart - definitions.NOISE_BAND) < EDGE_SHARE
+    gap = f"{apart:.1%}" if edge else f"{apart:.0%}"
     return Verdict("batch 1 is on the cost line", holds, word,
                    f"On this machine {t1.model}'s batch 1 is {word}: t(1) = {t1.value * 1e3:.2f} ms against the "
-                   f"line's F + c = {line * 1e3:.2f} ms, {t1.value / line:.2f}×, the larger {apart:.0%} above the "
-                   f"smaller (noise band {definitions.NOISE_BAND:.0%}).")
+                   f"line's F + c = {line * 1e3:.2f} ms, {t1.value / line:.2f}×, the larger {gap} above the "
+                   f"smaller (noise band {definitions.NOISE_BAND:.0%})"
+                   + ("; at the band's edge, so a re-run may put it on the other side." if edge else "."))
+
+
+#: How close to the noise band a gap must lie for a reported verdict to say a re-run may flip it.
+EDGE_SHARE = 0.02
 
 
 def cpu_within_wall(cpu: Measurement, wall: Measurement, source: str) -> Verdict:
@@ -729,8 +750,9 @@ def kept_up(growths: Sequence[Measurement], bound_s: float, bound_from: str = ""
     return Verdict("the runner kept up", holds, word,
                    f"`{worst.model}` {word} " + ("at every rate" if holds else f"at {worst.where.get('offered_rps')} "
                                                  "requests/s")
-                   + f": the last quarter of its arrivals took {signed(f'{worst.value * 1e3:.1f}')} ms against the "
-                   f"first (medians), its most at {worst.where.get('offered_rps')} requests/s, "
+                   + f": at most, the last quarter of its arrivals took {_ms(abs(worst.value))} "
+                   + ("longer than" if worst.value >= 0 else "less than")
+                   + f" the first (medians, at {worst.where.get('offered_rps')} requests/s), "
                    + ("under" if holds else "past") + f" {_ms(bound_s)}" + (f", {bound_from}." if bound_from else "."))
 
 
@@ -846,7 +868,8 @@ def _batches(greedy: Measurement, waiting: Measurement) -> tuple[str, str]:
     return word, (f"With max_wait {waiting.where['max_wait_ms']:g} ms the batches of {greedy.model} were {word}: "
                   f"{waiting.value:.1f} rows per call against {greedy.value:.1f} with "
                   f"{greedy.where['max_wait_ms']:g} ms"
-                  + (f"; {_why_not_apart(greedy, waiting)}." if word == "unchanged" else "."))
+                  + (f"; {_why_not_apart(greedy, waiting)}." if word == "unchanged" else
+                     f"{_how_apart(greedy, waiting)}."))
 
 
 def wait_fills_batches(greedy: Measurement, waiting: Measurement) -> Verdict:
@@ -898,7 +921,8 @@ def wait_delays(greedy: Measurement, waiting: Measurement) -> Verdict:
     return Verdict("the wait delays the answer", word == "later", word,
                    f"With max_wait {waiting.where['max_wait_ms']:g} ms the {greedy.quantity} of a burst to "
                    f"{greedy.model} came {word}: {shown} with {greedy.where['max_wait_ms']:g} ms (medians over "
-                   f"bursts)" + (f"; {_why_not_apart(greedy, waiting)}." if word.startswith("neither") else "."),
+                   f"bursts)" + (f"; {_why_not_apart(greedy, waiting)}." if word.startswith("neither") else
+                                 f"{_how_apart(greedy, waiting)}."),
                    TOLD_APART_RULE)
 
 
@@ -1217,7 +1241,9 @@ def compared(a: Measurement, b: Measurement, a_is: str, b_is: str) -> Verdict:
     shown = _values(a, b)
     word = ("within the noise band of" if definitions.agree(a.value, b.value) else
             "not told apart, over the repeats, from" if same else "more than" if a.value > b.value else "less than")
-    why = f": {_why_not_apart(a, b)}" if same and not definitions.agree(a.value, b.value) else ""
+    why = (f": {_why_not_apart(a, b)}" if same and not definitions.agree(a.value, b.value) else
+           "; one run each, told apart by the noise band alone" if not same and a.repeats == b.repeats == 1 else
+           _how_apart(a, b) if not same else "")
     return Verdict("the two cannot be told apart", same, word,
                    f"{a.quantity} {a_is}: {shown[0]}, {word} {b_is}: {shown[1]}; "
                    f"{a.value / b.value:.2f}×, the larger {max(a.value, b.value) / min(a.value, b.value) - 1:.0%} "

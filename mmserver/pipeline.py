@@ -14,8 +14,10 @@ the errors into status codes):
 
 1. **Admission, before the body is read.** A full queue (503), a stuck model
    (503) or a body whose ``Content-Length`` is over the payload limit (413)
-   is refused without reading a byte, so an overloaded server spends nothing
-   on requests it would throw away. The wire checks its headers too
+   is refused before the handler reads a byte of the body: the server parses
+   only the request's head, and after answering reads and drops what of the
+   body is still arriving (for at most ``http.app.LINGERING_SECONDS``, so the
+   client can read the answer), little beside decoding and computing it. The wire checks its headers too
    (:meth:`Wire.admit`: the ``Accept`` header, 406, when the default encoders answer).
 2. **The body**, read within ``body_timeout_seconds`` (408). A slow or
    incomplete body holds *no* queue slot: the slot is taken only once the

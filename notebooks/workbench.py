@@ -200,7 +200,7 @@ def print_sweep(sweep: dict, rates) -> None:
         for policy, points in sweep.items():
             point = points[index]
             run, seen = point["run"], point["device"].observed
-            growth = signed(f"{point['backlog'].value * 1e3:.1f}")
+            growth = signed(f"{round(point['backlog'].value * 1e3, 1) + 0.0:.1f}")   # never −0.0
             print(f"{rate:>5} {policy:>7} {run.answered:>9} {run.offered_rps:>10.0f} {seen['served_rps']:>9.0f} "
                   f"{seen['mean_batch']:>6.2f} {seen['queue_wait_s'] * 1e3:>8.1f} ms "
                   f"{point['p50'].value * 1e3:>5.1f} ms {point['p99'].value * 1e3:>5.1f} ms "

@@ -278,6 +278,8 @@ def test_the_wait_saved_over_bursts_whose_ranges_touch():
                           {**where, "max_wait_ms": 20}, samples=waiting_bursts)
     verdict = verdicts.wait_saved(greedy, waiting)
     assert verdict.holds and verdict.decided and verdict.word == "saved"
+    assert verdict.sentence.endswith("(31% less); their ranges overlap, but their repeats rank them: chance alone "
+                                     "would order 20 against 20 so consistently under 0.1% of the time."), verdict.sentence
     bare = [dataclasses.replace(r, samples=()) for r in (greedy, waiting)]
     undecided = verdicts.wait_saved(*bare)
     assert undecided.holds and not undecided.decided and undecided.word == "did not measurably save"
@@ -295,6 +297,17 @@ def test_on_the_line_reports_either_way():
     assert (off.word, on.word) == ("off the line", "on the line")
     with pytest.raises(Incomparable):   # the line's own t(1) is not the measured one
         verdicts.on_the_line(seconds("F + c", 8.2e-3, "resnet18"), fixed, per_row)
+    assert off.sentence.endswith("the larger 60% above the smaller (noise band 15%).")
+
+
+def test_on_the_line_at_the_bands_edge_says_a_re_run_may_flip_it():
+    """01's run: small-cnn's t(1) 0.676 ms against F + c 0.778 ms, 15.1 % apart, printed as "15%
+    above ... (noise band 15%)" and called off the line."""
+    fixed, per_row = seconds("F", 0.223e-3, "small-cnn"), seconds("c", 0.555e-3, "small-cnn")
+    edge = verdicts.on_the_line(seconds("t(1)", 0.676e-3, "small-cnn"), fixed, per_row)
+    assert edge.word == "off the line"
+    assert edge.sentence.endswith("the larger 15.1% above the smaller (noise band 15%); at the band's edge, so a "
+                                  "re-run may put it on the other side.")
 
 
 # -- the server passes the model's gain on ----------------------------------------------------------
@@ -709,13 +722,13 @@ def test_kept_up_or_fell_behind():
     short run. The growth of the backlog is what falling behind means."""
     sweep = [growth(-0.0012, 20), growth(0.0031, 100), growth(0.0007, 500)]
     kept = verdicts.kept_up(sweep, 0.026, "a full call")
-    assert kept.holds and kept.sentence == ("`timer` kept up at every rate: the last quarter of its arrivals took "
-                                            "3.1 ms against the first (medians), its most at 100 requests/s, under "
-                                            "26.0 ms, a full call.")
+    assert kept.holds and kept.sentence == ("`timer` kept up at every rate: at most, the last quarter of its "
+                                            "arrivals took 3.1 ms longer than the first (medians, at 100 "
+                                            "requests/s), under 26.0 ms, a full call.")
     behind = verdicts.kept_up(sweep + [growth(0.5, 700)], 0.026)
     assert not behind.holds and behind.sentence.startswith("`timer` fell behind at 700 requests/s: ")
     assert "past 26.0 ms." in behind.sentence
-    assert "−1.2 ms" in verdicts.kept_up(sweep[:1], 0.026).sentence
+    assert "took 1.2 ms less than the first" in verdicts.kept_up(sweep[:1], 0.026).sentence
     with pytest.raises(Incomparable):
         verdicts.kept_up([p50(0.076, "timer")], 0.304)
     with pytest.raises(Incomparable):
@@ -1028,6 +1041,17 @@ def test_compared_says_more_less_or_within_the_band():
     assert not fewer and fewer.word == "less than"
     with pytest.raises(Incomparable):
         verdicts.compared(rps(1.0), seconds("t_http", 1e-4), "a", "b")
+    assert not fewer.sentence.endswith("alone.")
+
+
+def test_compared_says_when_one_run_each_was_ranked_by_the_band_alone():
+    """03's run: timer 1.66 ms against greedy 1.99 ms at 500 requests/s, one run each, printed
+    with no word that a single run ranked them (its 20 requests/s sentence said so)."""
+    timer = measurement("device time per request", "timer", 1.66e-3, "s", (1.66e-3, 1.66e-3), 1, {})
+    greedy = measurement("device time per request", "greedy", 1.99e-3, "s", (1.99e-3, 1.99e-3), 1, {})
+    verdict = verdicts.compared(timer, greedy, "under `timer`", "under `greedy`")
+    assert verdict.word == "less than"
+    assert verdict.sentence.endswith("(noise band 15%); one run each, told apart by the noise band alone.")
 
 
 # -- Q(c): which setting for a p99 budget ---------------------------------------------------------
