@@ -1017,9 +1017,9 @@ def queue_bound_holds(wait: Measurement, drain: Measurement, batch: Measurement,
     holds = (1 - band) * least <= wait.value <= (1 + band) * most
     word = "hold" if holds else "do not hold"
     where = (", outside them" if not holds else
-             f", {wait.value / most - 1:.0%} above the upper bound itself, within its {band:.0%} widening"
+             f", {wait.value / most - 1:.1%} above the upper bound itself, within its {band:.0%} widening"
              if wait.value > most else
-             f", {1 - wait.value / least:.0%} below the lower bound itself, within its {band:.0%} widening"
+             f", {1 - wait.value / least:.1%} below the lower bound itself, within its {band:.0%} widening"
              if wait.value < least else "")
     return Verdict("the queue bounds at the drain rate hold the median wait", holds, word,
                    f"The queue bounds at the drain rate {word} the median wait: {max_queue_size} / "
