@@ -593,7 +593,7 @@ def pick_for_p99_budget(points: list[tuple[Measurement, Measurement]], budget_s:
     for name in missed:
         closest = min((p99 for _, p99 in points if p99.where[setting] == name), key=lambda r: r.value)
         if definitions.agree(closest.value, budget_s):
-            sentence += (f" The p99 of {name}, {closest.value * 1e3:.0f} ms, missed it by {closest.value / budget_s - 1:.0%}, "
+            sentence += (f" The p99 of {name}, {closest.value * 1e3:.0f} ms, missed it by {closest.value / budget_s - 1:.1%}, "
                          f"within the noise band ({definitions.NOISE_BAND:.0%}): a re-run may let it in.")
         elif closest.repeats > 1 and closest.spread[0] <= budget_s:
             sentence += (f" The p99 of {name}, {closest.value * 1e3:.0f} ms, missed it, but ran "

@@ -553,7 +553,7 @@ def test_a_setting_that_just_missed_the_budget_is_said_to_be_so():
     verdict = verdicts.pick_for_p99_budget([text_point("none", 16, 43.7, 553), text_point("tokens", 16, 45.8, 731),
                                             text_point("rows", 16, 23.4, 1095)], 0.664)
     assert verdict.word == "pick" and "pick none" in verdict.sentence
-    assert verdict.sentence.endswith("The p99 of tokens, 731 ms, missed it by 10%, within the noise band (15%): "
+    assert verdict.sentence.endswith("The p99 of tokens, 731 ms, missed it by 10.1%, within the noise band (15%): "
                                      "a re-run may let it in.")
     assert "p99 of rows" not in verdict.sentence       # 65 % over: not near
 
