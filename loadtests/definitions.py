@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 from collections.abc import Sequence
 
 #: Relative difference under which two measurements of one quantity, taken in different runs
@@ -256,13 +257,7 @@ def backlog_growth_s(latencies_in_arrival_order: Sequence[float]) -> float:
     if len(latencies) < 8:
         raise ValueError(f"need at least 8 arrivals for two quarters of two, got {len(latencies)}")
     quarter = len(latencies) // 4
-    return _median(latencies[-quarter:]) - _median(latencies[:quarter])
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return statistics.median(latencies[-quarter:]) - statistics.median(latencies[:quarter])
 
 
 def capacity_rps(answered: int, window_s: float, *, shed: int, mean_batch_rows: float,
