@@ -112,14 +112,12 @@ def record(notebook: str, *measurements) -> None:
         print(measurement.describe() + "".join(f"\n  ledger: {note}" for note in notes))
 
 
-def recorded(notebook: str, quantity: str, model: str, **where):
-    """The record ``notebook`` wrote of ``quantity`` of ``model`` in this run's ledger, under the
-    conditions ``where`` names (e.g. ``max_batch_size=1``), or None (a notebook run alone has no
-    earlier notebook's records to set beside its own)."""
+def recorded(notebook: str, quantity: str, model: str):
+    """The record ``notebook`` wrote of ``quantity`` of ``model`` in this run's ledger, or None
+    (a notebook run alone has no earlier notebook's records to set beside its own)."""
     return next((entry.measurement for entry in Ledger().entries()
                  if (entry.notebook, entry.measurement.quantity, entry.measurement.model)
-                 == (notebook, quantity, model)
-                 and all(entry.measurement.where.get(key) == value for key, value in where.items())), None)
+                 == (notebook, quantity, model)), None)
 
 
 def learned(*points: str) -> None:
