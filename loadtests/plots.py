@@ -272,12 +272,17 @@ def plot_frontier(rows, percentiles=("p50_ms", "p99_ms"), budget_ms: float | Non
 
 
 def _plain_log_ticks(axis) -> None:
-    """Label a log axis 1, 2, 5 x 10^k in plain numbers (not 10^2, and not every minor tick)."""
+    """Label a log axis 1, 2, 5 x 10^k in plain numbers (not 10^2, and not every minor tick);
+    on an axis under two decades, 3 x 10^k too, so that it carries more than three labels."""
     from matplotlib.ticker import FuncFormatter
 
-    plain = FuncFormatter(lambda value, _: f"{value:g}" if f"{value:.0e}"[0] in "125" else "")
-    axis.set_major_formatter(plain)
-    axis.set_minor_formatter(plain)
+    def plain(value: float, _) -> str:
+        low, high = sorted(axis.get_view_interval())
+        digits = "1235" if low > 0 and high / low < 100 else "125"
+        return f"{value:g}" if f"{value:.0e}"[0] in digits else ""
+
+    axis.set_major_formatter(FuncFormatter(plain))
+    axis.set_minor_formatter(FuncFormatter(plain))
 
 
 def _p99_range(row: dict) -> str:

@@ -74,10 +74,22 @@ def predicted(point: Mapping, cost: queueing.BatchCost, t_http_s: Mapping[int, f
                             max_wait_s=w["max_wait_ms"] / 1e3, policy=w["policy"])
 
 
-def side(ratio: float) -> str:
+def side(ratio: float, spread: tuple[float, float] | None = None) -> str:
     """Where a point's measured over predicted p99 lies: within the noise band of 1, or on which
-    side of it (above 1 the model was optimistic)."""
-    return "within" if definitions.agree(ratio, 1.0) else "optimistic" if ratio > 1 else "pessimistic"
+    side of it (above 1 the model was optimistic). ``spread``: the ratio's range over the
+    point's repeats; a median outside the band whose repeats reach into it is ``unsettled``:
+    the repeats do not say on which side the model lies."""
+    if definitions.agree(ratio, 1.0):
+        return "within"
+    if spread is not None and (spread[0] <= 1.0 <= spread[1]
+                               or any(definitions.agree(r, 1.0) for r in spread)):
+        return "unsettled"
+    return "optimistic" if ratio > 1 else "pessimistic"
+
+
+def _side_of(p: Mapping, model: queueing.Prediction) -> str:
+    low, high = p["p99"].spread
+    return side(p["p99"].value * 1e3 / model.p99_ms, (low * 1e3 / model.p99_ms, high * 1e3 / model.p99_ms))
 
 
 def print_points(merged: Sequence[Mapping], cost: queueing.BatchCost, t_http_s: Mapping[int, float]) -> None:
@@ -103,7 +115,7 @@ def print_points(merged: Sequence[Mapping], cost: queueing.BatchCost, t_http_s: 
               f"{'':>3} {p['mean batch'].value:>6.2f} {p['device time per request'].value * 1e3:>10.2f} | "
               + (f"{'past capacity':>9}" if model.saturated else
                  f"{model.p99_ms:>9.0f} {'miss (shed)':>14}" if p["shed"] else
-                 f"{model.p99_ms:>9.0f} {ratio:>14.2f} {side(ratio)}"))
+                 f"{model.p99_ms:>9.0f} {ratio:>14.2f} {_side_of(p, model)}"))
 
 
 def model_errors(merged: Sequence[Mapping], cost: queueing.BatchCost,
@@ -115,6 +127,18 @@ def model_errors(merged: Sequence[Mapping], cost: queueing.BatchCost,
         if not model.saturated and p["shed"] == 0:
             errors.setdefault(setting_label(p["p99"]), []).append(p["p99"].value * 1e3 / model.p99_ms)
     return errors
+
+
+def model_sides(merged: Sequence[Mapping], cost: queueing.BatchCost,
+                t_http_s: Mapping[int, float]) -> dict[str, list[str]]:
+    """:func:`side` of each ratio :func:`model_errors` gives, in its order, judged with the
+    point's repeats (as the table prints it)."""
+    sides: dict[str, list[str]] = {}
+    for p in merged:
+        model = predicted(p, cost, t_http_s)
+        if not model.saturated and p["shed"] == 0:
+            sides.setdefault(setting_label(p["p99"]), []).append(_side_of(p, model))
+    return sides
 
 
 def model_misses(merged: Sequence[Mapping], cost: queueing.BatchCost,

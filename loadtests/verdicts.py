@@ -103,9 +103,12 @@ def _gain_name(gain: Measurement) -> str:
 
 def pays(gain: Measurement) -> Verdict:
     """Whether batching pays, by the gain ``gain`` measured: under ``PAYS_A_LITTLE`` it barely
-    pays, from ``PAYS`` it pays, between them a little; within the noise band of a threshold
-    the sentence says a re-run may sort it into the neighbouring case. The sentence names
-    which gain it judges (the model's per-row speedup or the served gain): the two differ."""
+    pays, from ``PAYS`` it pays, between them a little. The case is settled only when neither
+    the gain's noise band nor its range over the repeats reaches a threshold; otherwise the
+    sentence names what reaches it (the band, or the repeats' range), says a re-run may sort
+    it into the neighbouring case, and the verdict is not ``decided`` (a notebook marks it ≈,
+    not ✔). The sentence names which gain it judges (the model's per-row speedup or the
+    served gain): the two differ."""
     name, x = _gain_name(gain), gain.value
     if x < PAYS_A_LITTLE:
         word = "barely pays"
@@ -113,13 +116,21 @@ def pays(gain: Measurement) -> Verdict:
         word = "pays a little"
     else:
         word = "pays"
+    low, high = gain.spread
     near = [t for t in (PAYS_A_LITTLE, PAYS) if definitions.agree(x, t)]
+    crossed = [t for t in (PAYS_A_LITTLE, PAYS) if min(low, x) < t <= max(high, x)]
     sentence = (f"By {name} of {gain.model}, {x:.2f}× at MAX_BATCH_SIZE {gain.where.get('max_batch_size', '?')}, "
                 f"batching {word} (scale: under {PAYS_A_LITTLE}× it barely pays, from {PAYS_A_LITTLE}× a little, "
                 f"from {PAYS}× it pays)")
-    sentence += (f"; within the noise band of {near[0]}×, a re-run may sort it into the neighbouring case."
-                 if near else ".")
-    return Verdict("batching pays", x >= PAYS_A_LITTLE, word, sentence)
+    if near:
+        sentence += f"; within the noise band of {near[0]}×, a re-run may sort it into the neighbouring case."
+    elif crossed:
+        sentence += (f"; its repeats ran {low:.2f}–{high:.2f}×, across {crossed[0]}×, so a re-run may "
+                     f"sort it into the neighbouring case.")
+    else:
+        sentence += "."
+    return Verdict("batching pays", x >= PAYS_A_LITTLE, word, sentence,
+                   decided=not (near or crossed))
 
 
 def follows(served: Measurement, predicted_x: float, predicted_by: str = "the serial limits' ratio") -> Verdict:
@@ -1306,7 +1317,9 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
        the verdict fails and names them. Device time, p50 and the like never enter.
 
     A setting that missed the budget at that load by less than the noise band (and shed
-    nothing) is named after the verdict: a re-run may let it in.
+    nothing) is named after the verdict: a re-run may let it in. A chosen setting whose
+    highest repeat there came within the noise band under the budget is named too: a re-run
+    may push it out.
     """
     by_setting: dict[str, dict[float, Mapping[str, Any]]] = {}
     for point in points:
@@ -1369,6 +1382,12 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
                   "highest repeat's p99 " + ", ".join(f"{label} {p99 * 1e3:.0f} ms" for label, p99 in near.items()))
               + "): a re-run may let " + ("them" if len(near) > 1 else "it") + " in"
               + (", and the default with it." if default in near else ".") if near else "")
+    narrow = {label: highest[label] for label in tied if definitions.agree(highest[label], budget_s)}
+    if narrow:
+        caveat += (f" {_and(narrow)} held it by less than the noise band ({definitions.NOISE_BAND:.0%}; "
+                   + ", ".join(f"{p99 * 1e3:.1f} ms" for p99 in narrow.values()) + f" against {budget_s * 1e3:.4g} ms"
+                   + "): a re-run may push " + ("them" if len(narrow) > 1 else "it") + " out at "
+                   + f"{top:g} requests/s, and the choice move down a load.")
     if len(tied) == 1:
         return Verdict("the data choose one setting", True, "run",
                        f"For {budget}, run: {tied[0]} ({evidence}).{caveat}", TOLD_APART_RULE)

@@ -131,6 +131,27 @@ def test_the_histograms_bins_are_labelled_once_for_every_figure_and_sentence():
     assert [label for label, _ in plots.requests_by_bucket(row)] == ["1", "2", "3–4"]
 
 
+def test_a_log_axis_under_two_decades_carries_more_than_three_labels():
+    """08's per-row cost (2.6 to 31 ms) was labelled 5, 10 and 20 only."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def labels(low, high):
+        fig, ax = plt.subplots()
+        ax.plot([1, 2], [low, high])
+        ax.set_yscale("log")
+        plots._plain_log_ticks(ax.yaxis)
+        fig.canvas.draw()
+        shown = {float(t.get_text()) for t in ax.yaxis.get_ticklabels(which="both")
+                 if t.get_text() and low <= float(t.get_text()) <= high}
+        plt.close(fig)
+        return shown
+
+    assert labels(2.6, 31) == {3, 5, 10, 20, 30}
+    assert labels(0.5, 5000) == {0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000}   # wide: 1, 2, 5 only
+
+
 def test_heatmap_fills_the_unbatched_row_across_greedy_waits():
     rows = [_row(1, {}, 1, 1, p99_ms=30.0),
             {**_row(8, {}, 2, 1, p99_ms=40.0), "max_wait_ms": 0.0},

@@ -71,3 +71,23 @@ def test_a_ratio_is_within_the_band_or_on_one_side():
     assert setting_sweep.side(0.86) == "pessimistic"
     assert setting_sweep.side(1.15) == "within"
     assert setting_sweep.side(1.16) == "optimistic"
+
+
+def test_a_ratio_whose_repeats_reach_the_band_is_unsettled():
+    """07's run judged each point by its median: several optimistic or pessimistic points had
+    repeats on both sides of the model's p99."""
+    assert setting_sweep.side(1.6, (0.9, 2.3)) == "unsettled"     # repeats on both sides of 1
+    assert setting_sweep.side(1.3, (1.1, 1.5)) == "unsettled"     # the lowest repeat within the band
+    assert setting_sweep.side(1.6, (1.3, 1.9)) == "optimistic"    # every repeat above the band
+    assert setting_sweep.side(0.6, (0.5, 0.7)) == "pessimistic"
+    assert setting_sweep.side(1.05, (0.5, 2.0)) == "within"       # the median decides first
+
+
+def test_model_sides_judge_each_point_with_its_repeats():
+    cost = queueing.BatchCost(a=0.006, c=0.0016, t1=0.012)
+    t_http = {16: 100e-6, 1: 200e-6}
+    predicted_ms = queueing.predict(cost, 200e-6, 1, 40).p99_ms
+    apart = [row("greedy", 1, 0, 40, 2.0 * predicted_ms, 40, repeat=r) for r in (0, 1)]
+    both = [row("greedy", 1, 0, 40, f * predicted_ms, 40, repeat=r) for r, f in ((0, 0.5), (1, 3.5))]
+    assert setting_sweep.model_sides(setting_sweep.points(apart), cost, t_http) == {"greedy 1": ["optimistic"]}
+    assert setting_sweep.model_sides(setting_sweep.points(both), cost, t_http) == {"greedy 1": ["unsettled"]}

@@ -59,6 +59,18 @@ def test_pays_near_a_threshold_says_a_rerun_may_differ():
     assert "neighbouring case" not in verdicts.pays(gain("speedup", 3.63)).sentence
 
 
+def test_pays_is_undecided_when_the_repeats_cross_a_threshold():
+    """01's resnet18 sped up 2.58× per row, well clear of 2.0×'s band, but its passes ran
+    1.31–5.33×: the case the median falls in is not settled, and the claim is not marked ✔."""
+    crossing = measurement("speedup", "resnet18", 2.58, "x", (1.31, 5.33), 5, {"max_batch_size": 16})
+    verdict = verdicts.pays(crossing)
+    assert verdict.word == "pays" and not verdict.decided
+    assert "1.31–5.33×, across 2.0×" in verdict.sentence
+    clear = measurement("speedup", "resnet18", 2.58, "x", (2.45, 2.71), 5, {"max_batch_size": 16})
+    assert verdicts.pays(clear).decided and "neighbouring" not in verdicts.pays(clear).sentence
+    assert not verdicts.pays(gain("speedup", 1.14)).decided   # within 1.2×'s band
+
+
 # -- the served gain follows the prediction -------------------------------------------------------
 
 
@@ -1124,6 +1136,19 @@ def test_the_budget_is_printed_as_set_not_rounded_up():
     point["p99"] = measurement("p99", "resnet18", 0.090, "s", (0.085, 0.0975), 2, point["p99"].where)
     verdict = verdicts.choose_setting([point], 0.0976, DEFAULT)
     assert verdict.holds and verdict.sentence.startswith("For p99 ≤ 97.6 ms, run: greedy 16")
+
+
+def test_a_pick_that_held_the_budget_narrowly_is_named():
+    """07's run: timer 16 / 65 ms held a 161.4 ms budget with a highest repeat of 160 ms; the
+    verdict named only settings that missed narrowly, not the pick that held narrowly."""
+    point = sweep_point("timer", 16, 65, 219, 150, 219)
+    point["p99"] = measurement("p99", "resnet18", 0.150, "s", (0.140, 0.160), 2, point["p99"].where)
+    verdict = verdicts.choose_setting([point], 0.1614, DEFAULT)
+    assert verdict.holds and verdict.sentence.endswith(
+        "timer 16 / 65 ms held it by less than the noise band (15%; 160.0 ms against 161.4 ms): a re-run may "
+        "push it out at 219 requests/s, and the choice move down a load."), verdict.sentence
+    clear = sweep_point("timer", 16, 65, 219, 100, 219)
+    assert "push" not in verdicts.choose_setting([clear], 0.1614, DEFAULT).sentence
 
 
 def test_when_no_setting_holds_the_budget_the_nearest_miss_is_named():
