@@ -1416,6 +1416,58 @@ def heap_keeps_buffers(fault_share: float, fewer_faults: int) -> Verdict:
                    f"{word} for the next call.")
 
 
+def unload_waited(statuses: Sequence[int], unload_status: int, after_status: int, unload_s: float,
+                  last_answer_s: float, slack_s: float) -> Verdict:
+    """Whether an unload waited for the work its model had accepted (appendix 05): every request
+    in flight answered 200, the DELETE answered 200 no sooner than the last of them, and an
+    invocation after it got 404. Times are seconds from the burst's start as the client read
+    them; ``slack_s`` is how far apart the client's threads may read answers sent together."""
+    ok = sum(status == 200 for status in statuses)
+    after_last = unload_s >= last_answer_s - slack_s
+    holds = ok == len(statuses) and unload_status == 200 and after_status == 404 and after_last
+    word = "waited for" if holds else "did not wait for"
+    return Verdict("an unload waits for the accepted work", holds, word,
+                   f"The unload {word} the accepted work: {ok} of the {len(statuses)} requests in flight answered 200; "
+                   f"the DELETE answered {unload_status} {'after' if after_last else 'before'} the last of them "
+                   f"({unload_s:.2f} s against {last_answer_s:.2f} s, {slack_s * 1e3:.0f} ms allowed for the client's "
+                   f"threads); an invocation after it got {after_status}"
+                   + (" (the model was gone)." if after_status == 404 else "."))
+
+
+def no_sooner_than_batches(last_answer_s: float, requests: int, max_batch_size: int, call_s: float,
+                           slack_s: float) -> Verdict:
+    """Whether the last of ``requests`` sent together was answered no sooner than full batches
+    allow: ``ceil(requests / max_batch_size)`` calls of ``call_s`` each, one after another (less
+    ``slack_s``, the client's reading). Sooner would mean calls ran side by side, or ran short."""
+    calls = math.ceil(requests / max_batch_size)
+    lower_s = calls * call_s
+    holds = last_answer_s >= lower_s - slack_s
+    word = "no sooner than" if holds else "sooner than"
+    return Verdict("the last answer waits for full batches", holds, word,
+                   f"The last answer came {word} full batches allow: after {last_answer_s:.2f} s, against "
+                   f"{lower_s:.2f} s for {calls} calls of {call_s:g} s ({slack_s * 1e3:.0f} ms allowed for the "
+                   f"client's threads).")
+
+
+def batched_rows_match(worst_share: float, bitwise_rows: int, rows: int, sizes: Sequence[int]) -> Verdict:
+    """Whether every row computed in a batch matched its answer computed alone within
+    ``torch.testing.assert_close``'s float32 tolerance (appendix 10): ``worst_share`` is the
+    largest difference as a share of that element's own tolerance (``atol + rtol × |alone|``),
+    ``bitwise_rows`` how many of the ``rows`` batched rows were bitwise equal."""
+    if worst_share < 0 or not 0 <= bitwise_rows <= rows:
+        raise ValueError(f"need a share >= 0 and 0 <= {bitwise_rows} <= {rows}")
+    holds = worst_share <= 1
+    word = "matched" if holds else "did not match"
+    return Verdict("a batched row matches its answer alone", holds, word,
+                   f"Every row batched in {_and(str(b) for b in sizes)} {word} its answer alone within "
+                   f"`assert_close`'s float32 tolerance, the largest difference using {worst_share:.0%} of its own; "
+                   + (f"{bitwise_rows} of {rows} batched rows were bitwise equal to their answer alone."
+                      if bitwise_rows else "not one batched row was bitwise equal to its answer alone.")
+                   if holds else
+                   f"A row batched in {_and(str(b) for b in sizes)} {word} its answer alone within `assert_close`'s "
+                   f"float32 tolerance: a difference used {worst_share:.0%} of its own.")
+
+
 #: Rows a busy model's mean batch must exceed to count as batched (appendix 05): well above
 #: one, and well under what its clients can fill.
 MANY_ROWS = 2

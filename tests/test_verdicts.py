@@ -638,6 +638,12 @@ CASES = {
         lambda: verdicts.cpu_within_wall(
         measurement("t(1)", "m", 10e-3, "s", (10e-3, 10e-3), 5, {"clock": "cpu", "threads": 1}),
         measurement("t(1)", "m", 7e-3, "s", (7e-3, 7e-3), 5, {"clock": "wall", "threads": 1}), "01")),
+    "unload waited": (lambda: verdicts.unload_waited([200] * 12, 200, 404, 1.61, 1.60, 0.05),
+                      lambda: verdicts.unload_waited([200] * 12, 200, 404, 0.42, 1.60, 0.05)),
+    "full batches": (lambda: verdicts.no_sooner_than_batches(1.21, 12, 4, 0.4, 0.05),
+                     lambda: verdicts.no_sooner_than_batches(0.45, 12, 4, 0.4, 0.05)),
+    "rows match": (lambda: verdicts.batched_rows_match(0.31, 0, 48, (16, 32)),
+                   lambda: verdicts.batched_rows_match(1.7, 0, 48, (16, 32))),
     "choose setting": (lambda: verdicts.choose_setting([sweep_point("greedy", 16, 0, 100, 30, 100)], 0.1, "greedy 16"),
                        lambda: verdicts.choose_setting([sweep_point("timer", 16, 10, 100, 30, 100),
                                                         sweep_point("timer", 16, 20, 100, 30, 100)], 0.1, "greedy 16")),
@@ -1603,3 +1609,32 @@ def test_a_second_host_scales_only_when_both_are_busy_and_few_clients_leave_call
     assert empty.holds and "their calls ran part-empty (1.97 rows of 4 on average), consistent" in empty.sentence
     assert not verdicts.few_clients_part_empty(17.0, 18.8, 3.8, 4, 10.0, 8)  # as full as with all clients
     assert not verdicts.few_clients_part_empty(9.8, 18.8, 3.6, 4, 10.0, 8)   # slower, yet full batches
+
+
+# -- appendix checks with a client's slack (05, 10) -------------------------------------------------
+
+
+def test_an_unload_that_answered_before_the_accepted_work_did_not_wait():
+    """05: the DELETE must answer no sooner than the last request in flight, less the client's
+    50 ms; a 200 lost among the requests, or a model still there after, fails it too."""
+    assert verdicts.unload_waited([200] * 12, 200, 404, 1.58, 1.60, 0.05).holds    # within the slack
+    early = verdicts.unload_waited([200] * 12, 200, 404, 1.50, 1.60, 0.05)
+    assert not early.holds and "answered 200 before the last of them (1.50 s against 1.60 s" in early.sentence
+    assert not verdicts.unload_waited([200] * 11 + [503], 200, 404, 1.7, 1.6, 0.05).holds
+    assert not verdicts.unload_waited([200] * 12, 200, 200, 1.7, 1.6, 0.05).holds
+
+
+def test_answers_sooner_than_full_batches_allow_fail():
+    """12 requests, batches of at most 4, 0.4 s a call: three calls, 1.2 s at the least."""
+    assert verdicts.no_sooner_than_batches(1.16, 12, 4, 0.4, 0.05).holds
+    fast = verdicts.no_sooner_than_batches(1.10, 12, 4, 0.4, 0.05)
+    assert not fast.holds and "against 1.20 s for 3 calls of 0.4 s" in fast.sentence
+
+
+def test_a_batched_row_past_its_tolerance_does_not_match():
+    assert verdicts.batched_rows_match(1.0, 3, 48, (16, 32)).holds
+    over = verdicts.batched_rows_match(1.01, 0, 48, (16, 32))
+    assert not over.holds and "a difference used 101% of its own" in over.sentence
+    assert "3 of 48 batched rows were bitwise equal" in verdicts.batched_rows_match(0.2, 3, 48, (16, 32)).sentence
+    with pytest.raises(ValueError):
+        verdicts.batched_rows_match(0.2, 49, 48, (16, 32))
