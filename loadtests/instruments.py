@@ -867,7 +867,8 @@ def server_added(capacity_record: Measurement, call: Measurement) -> Measurement
     """``1/capacity − t(b)/b`` (``definitions.server_added_s``): the wall-clock time per request
     the saturated server spent beyond the model's share of a call, at the capacity's
     MAX_BATCH_SIZE ``b``, from :func:`capacity` and :func:`call_time` at that ``b`` on the wall
-    clock. The spread combines both records' spreads. Recorded under the call's model and the
+    clock. The spread combines both records' spreads: the extremes over the capacity's windows
+    and the call's timing passes, which its count says. Recorded under the call's model and the
     capacity's conditions. Tolerance: as :func:`capacity` (the difference of two readings; it
     may come out a little negative where the server adds next to nothing)."""
     if capacity_record.quantity != "capacity":
@@ -881,8 +882,9 @@ def server_added(capacity_record: Measurement, call: Measurement) -> Measurement
     value = definitions.server_added_s(capacity_record.value, call.value, b)
     candidates = [definitions.server_added_s(rps, t, b) for rps in capacity_record.spread for t in call.spread]
     return measurement("server added", call.model, value, "s", _spread(candidates + [value]),
-                       min(capacity_record.repeats, call.repeats), capacity_record.where,
-                       {**capacity_record.observed, "capacity_rps": capacity_record.value, "t_b_s": call.value})
+                       capacity_record.repeats, capacity_record.where,
+                       {**capacity_record.observed, "capacity_rps": capacity_record.value, "t_b_s": call.value},
+                       over=f"{capacity_record.over} × {call.repeats} timing passes")
 
 # -- text models: a call's padded tokens, and mixed-length texts through the server -------------
 

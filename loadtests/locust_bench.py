@@ -240,15 +240,20 @@ def plot_loops(runs: dict[str, LocustRun], max_rows: int, users: int, stall_s: f
     return fig
 
 
-def plot_overload(run: LocustRun, capacity_rps: float, probe_p50_ms: float, bounds_ms: dict[str, float]):
-    """Left: what locust saw answered and shed per second; right: the accepted requests' p50
-    over time against the probe's and the queue bounds (``bounds_ms``: label -> ms)."""
+def plot_overload(run: LocustRun, capacity_rps: float, probe_p50_ms: float, bounds_ms: dict[str, float],
+                  server_rps: dict[str, float] | None = None):
+    """Left: what locust saw answered and shed per second, beside the rates the server counted
+    over its own window (``server_rps``: label -> requests/s): locust's moving average lags and
+    sees only what locust saw. Right: the accepted requests' p50 over time against the probe's
+    and the queue bounds (``bounds_ms``: label -> ms)."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 4))
     for name, label in ((f"invoke {MODEL}", "accepted (200)"), (f"invoke {MODEL} (shed 503)", "shed (503)")):
         axes[0].plot(*series(run.history, name, "Requests/s"), label=label)
     axes[0].axhline(capacity_rps, color="grey", linestyle=":", label="capacity (nothing shed)")
+    for (label, rps), color in zip((server_rps or {}).items(), ("tab:blue", "tab:orange")):
+        axes[0].axhline(rps, color=color, linestyle="--", linewidth=1, label=label)
     axes[0].set_ylabel("requests/s (locust's moving average)")
     axes[0].set_title("Overload: what locust saw answered and shed")
     axes[1].plot(*series(run.history, f"invoke {MODEL}", "50%"), label="p50 of accepted (locust)")

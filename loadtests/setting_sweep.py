@@ -165,7 +165,7 @@ def plot_p99(merged: Sequence[Mapping], budget_s: float, title: str) -> None:
         ax.errorbar(x, y, yerr=err, color=f"C{i}", capsize=3, label=label)
         for xi, yi, p in zip(x, y, line):
             ax.plot(xi, yi, "o", color=f"C{i}", mfc="white" if p["shed"] else f"C{i}")
-    ax.axhline(budget_s * 1e3, color="black", linestyle="--", label=f"p99 budget {budget_s * 1e3:.0f} ms")
+    ax.axhline(budget_s * 1e3, color="black", linestyle="--", label=f"p99 budget {budget_s * 1e3:.4g} ms")
     ax.set_yscale("log")
     ax.set_xlabel("offered load (requests/s, open loop)")
     ax.set_ylabel("p99 latency (ms, log); bars: range over repeats")

@@ -408,7 +408,10 @@ def passes_on(served: Measurement, model_gain: Measurement) -> Verdict:
                            f"{model_gain.where.get('max_batch_size')}")
     off = served.value / model_gain.value - 1
     if definitions.agree(served.value, model_gain.value):
-        word, why = "passed on", f"within the noise band ({definitions.NOISE_BAND:.0%})."
+        apart = max(served.value, model_gain.value) / min(served.value, model_gain.value) - 1
+        word, why = "passed on", f"within the noise band ({definitions.NOISE_BAND:.0%})" + (
+            "; near its edge, so a re-run may land outside it." if abs(apart - definitions.NOISE_BAND) < EDGE_SHARE
+            else ".")
     elif not _told_apart(served, model_gain):
         word = "cannot be told apart from passing on"
         why = (f"the repeats do not confirm the gap: the served gain ran "

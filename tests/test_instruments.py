@@ -460,6 +460,7 @@ def test_server_added_is_a_request_beyond_the_models_share():
     assert added.value == pytest.approx(1 / 320 - 0.040 / 16) and added.model == "m"
     assert added.spread == pytest.approx((1 / 330 - 0.0025, 1 / 300 - 0.0025))
     assert added.where["max_batch_size"] == 16
+    assert added.counted().endswith(f"repeats × {_call_record(16, 0.040).repeats} timing passes")   # not one count for both
     with pytest.raises(ValueError, match=r"t\(16\)"):      # the call at another size than the capacity's
         instruments.server_added(_capacity_record(320.0, 16), _call_record(1, 0.015))
     with pytest.raises(ValueError, match="wall clock"):

@@ -1638,3 +1638,12 @@ def test_a_batched_row_past_its_tolerance_does_not_match():
     assert "3 of 48 batched rows were bitwise equal" in verdicts.batched_rows_match(0.2, 3, 48, (16, 32)).sentence
     with pytest.raises(ValueError):
         verdicts.batched_rows_match(0.2, 49, 48, (16, 32))
+
+
+def test_passing_the_gain_on_near_the_bands_edge_says_a_rerun_may_differ():
+    """01's run: served 4.97x against 4.48x in process (+11%), within the 15% band by 4 points."""
+    near = verdicts.passes_on(gain("served gain", 4.97), gain("speedup over t(1)", 4.48))
+    assert near.holds and near.sentence.endswith("within the noise band (15%); near its edge, so a re-run may land "
+                                                 "outside it.")
+    clear = verdicts.passes_on(gain("served gain", 4.6), gain("speedup over t(1)", 4.48))
+    assert clear.holds and "edge" not in clear.sentence
