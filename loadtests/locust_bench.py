@@ -249,12 +249,13 @@ def plot_overload(run: LocustRun, capacity_rps: float, probe_p50_ms: float, boun
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 4))
-    for name, label in ((f"invoke {MODEL}", "accepted (200)"), (f"invoke {MODEL} (shed 503)", "shed (503)")):
+    for name, label in ((f"invoke {MODEL}", "accepted (200), locust's moving average"),
+                        (f"invoke {MODEL} (shed 503)", "shed (503), locust's moving average")):
         axes[0].plot(*series(run.history, name, "Requests/s"), label=label)
     axes[0].axhline(capacity_rps, color="grey", linestyle=":", label="capacity (nothing shed)")
     for (label, rps), color in zip((server_rps or {}).items(), ("tab:blue", "tab:orange")):
         axes[0].axhline(rps, color=color, linestyle="--", linewidth=1, label=label)
-    axes[0].set_ylabel("requests/s (locust's moving average)")
+    axes[0].set_ylabel("requests/s")
     axes[0].set_title("Overload: what locust saw answered and shed")
     axes[1].plot(*series(run.history, f"invoke {MODEL}", "50%"), label="p50 of accepted (locust)")
     axes[1].axhline(probe_p50_ms, color="tab:green", linestyle=":", label="p50 of accepted (probe, window)")
