@@ -119,7 +119,8 @@ def pays(gain: Measurement) -> Verdict:
     low, high = gain.spread
     near = [t for t in (PAYS_A_LITTLE, PAYS) if definitions.agree(x, t)]
     crossed = [t for t in (PAYS_A_LITTLE, PAYS) if min(low, x) < t <= max(high, x)]
-    sentence = (f"By {name} of {gain.model}, {x:.2f}× at MAX_BATCH_SIZE {gain.where.get('max_batch_size', '?')}, "
+    shown = f"{x:.3f}" if near else f"{x:.2f}"   # near a threshold, enough digits to see which side
+    sentence = (f"By {name} of {gain.model}, {shown}× at MAX_BATCH_SIZE {gain.where.get('max_batch_size', '?')}, "
                 f"batching {word} (scale: under {PAYS_A_LITTLE}× it barely pays, from {PAYS_A_LITTLE}× a little, "
                 f"from {PAYS}× it pays)")
     if near:
@@ -1362,7 +1363,7 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
     evidence = f"held {budget} up to {top:g} requests/s" + (
         f", its highest repeat's p99 there {highest[candidates[0]] * 1e3:.0f} ms" if len(candidates) == 1 else
         f": {', '.join(candidates)}; their highest repeat's p99 there: "
-        + ", ".join(f"{label} {p99 * 1e3:.0f} ms" for label, p99 in highest.items()))
+        + ", ".join(f"{label}: {p99 * 1e3:.0f} ms" for label, p99 in highest.items()))
     near = {label: at[top]["p99"].spread[1] for label, at in by_setting.items()
             if label not in candidates and top in at and at[top]["shed"] == 0
             and definitions.agree(at[top]["p99"].spread[1], budget_s)}   # missed it by less than the band
@@ -1376,7 +1377,7 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
             tied.sort(key=lambda label: -shares[label].value)
             ranked = True
             evidence += (f"; share of what reached the server answered at {nxt:g} requests/s offered: "
-                         + ", ".join(f"{label} {_fine_share(shares[label])}" for label in shares))
+                         + ", ".join(f"{label}: {_fine_share(shares[label])}" for label in shares))
     if above:
         evidence += f"; no setting held it at {_and(f'{load:g}' for load in above)} requests/s"
     caveat = (f" {_and(near)} missed the budget at {top:g} requests/s by less than the noise band "
@@ -1394,14 +1395,14 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
     if len(tied) == 1:
         return Verdict("the data choose one setting", True, "run",
                        f"For {budget}, run: {tied[0]} ({evidence}).{caveat}", TOLD_APART_RULE)
-    cannot = f"For {budget} this sweep cannot choose between {_and(tied)}"
     if default not in tied:
         return Verdict("the data choose one setting", False, "cannot choose between",
-                       f"{cannot} ({evidence}).{caveat}", TOLD_APART_RULE)
+                       f"For {budget} this sweep cannot choose between {_and(tied)} ({evidence}).{caveat}",
+                       TOLD_APART_RULE)
     order = "largest served share first" if ranked else "no load above to rank them"
     return Verdict("the data choose one setting", True, "run the default",
-                   f"{cannot}; the default breaks the tie, so run the default: {default} ({evidence}; "
-                   f"tied, {order}: {', '.join(tied)}).{caveat}", TOLD_APART_RULE)
+                   f"For {budget} this sweep ties {_and(tied)}; the default breaks the tie, so run the default: "
+                   f"{default} ({evidence}; tied, {order}: {', '.join(tied)}).{caveat}", TOLD_APART_RULE)
 
 
 def heap_keeps_buffers(fault_share: float, fewer_faults: int) -> Verdict:
@@ -1463,7 +1464,7 @@ def batched_rows_match(worst_share: float, bitwise_rows: int, rows: int, sizes: 
     word = "matched" if holds else "did not match"
     return Verdict("a batched row matches its answer alone", holds, word,
                    f"Every row batched in {_and(str(b) for b in sizes)} {word} its answer alone within "
-                   f"`assert_close`'s float32 tolerance, the largest difference using {worst_share:.0%} of its own; "
+                   f"`assert_close`'s float32 tolerance, no difference using more than {worst_share:.0%} of its own; "
                    + (f"{bitwise_rows} of {rows} batched rows were bitwise equal to their answer alone."
                       if bitwise_rows else "not one batched row was bitwise equal to its answer alone.")
                    if holds else

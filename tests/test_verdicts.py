@@ -1211,7 +1211,7 @@ def test_a_tie_goes_to_the_throughput_at_the_next_load_then_to_the_default():
                     sweep_point("greedy", 4, 0, 300, 380, 285, spread=1)]
     verdict = verdicts.choose_setting(close, 0.100, DEFAULT)
     assert verdict.holds and verdict.word == "run the default"
-    assert verdict.sentence.startswith("For p99 ≤ 100 ms this sweep cannot choose between greedy 4 and greedy 16; "
+    assert verdict.sentence.startswith("For p99 ≤ 100 ms this sweep ties greedy 4 and greedy 16; "
                                        "the default breaks the tie, so run the default: greedy 16 (")
     assert "largest served share first" in verdict.sentence
     assert "no setting held it at 300 requests/s" in verdict.sentence   # prediction (1): the highest load
@@ -1267,7 +1267,7 @@ def test_a_tie_is_not_ranked_by_each_run_s_own_arrivals():
               point("timer", 70, 221, 400, (231, 234)), point("greedy", 0, 221, 300, (206, 224))]
     verdict = verdicts.choose_setting(points, 0.1812, DEFAULT)
     assert verdict.word == "run the default"
-    assert "answered at 221 requests/s offered: timer 16 / 70 ms 100.0% (100.0% in each of 2 repeats), greedy 16 " \
+    assert "answered at 221 requests/s offered: timer 16 / 70 ms: 100.0% (100.0% in each of 2 repeats), greedy 16: " \
            "100.0%" in verdict.sentence, verdict.sentence
     assert "tied, largest served share first: timer 16 / 70 ms, greedy 16)" in verdict.sentence
 
