@@ -122,10 +122,8 @@ def model_errors(merged: Sequence[Mapping], cost: queueing.BatchCost,
                  t_http_s: Mapping[int, float]) -> dict[str, list[float]]:
     """Measured over predicted p99 at every point the model puts below capacity, by setting."""
     errors: dict[str, list[float]] = {}
-    for p in merged:
-        model = predicted(p, cost, t_http_s)
-        if not model.saturated and p["shed"] == 0:
-            errors.setdefault(setting_label(p["p99"]), []).append(p["p99"].value * 1e3 / model.p99_ms)
+    for p, model in _judged(merged, cost, t_http_s):
+        errors.setdefault(setting_label(p["p99"]), []).append(p["p99"].value * 1e3 / model.p99_ms)
     return errors
 
 
@@ -134,11 +132,18 @@ def model_sides(merged: Sequence[Mapping], cost: queueing.BatchCost,
     """:func:`side` of each ratio :func:`model_errors` gives, in its order, judged with the
     point's repeats (as the table prints it)."""
     sides: dict[str, list[str]] = {}
+    for p, model in _judged(merged, cost, t_http_s):
+        sides.setdefault(setting_label(p["p99"]), []).append(_side_of(p, model))
+    return sides
+
+
+def _judged(merged: Sequence[Mapping], cost: queueing.BatchCost, t_http_s: Mapping[int, float]):
+    """Each point the model puts below capacity that shed nothing, with the model's prediction:
+    the points whose measured p99 can be set over a predicted one."""
     for p in merged:
         model = predicted(p, cost, t_http_s)
         if not model.saturated and p["shed"] == 0:
-            sides.setdefault(setting_label(p["p99"]), []).append(_side_of(p, model))
-    return sides
+            yield p, model
 
 
 def model_misses(merged: Sequence[Mapping], cost: queueing.BatchCost,

@@ -338,7 +338,7 @@ def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement) -> Ve
     holds = definitions.agree(t1.value, line)
     word = "on the line" if holds else "off the line"
     apart = max(t1.value, line) / min(t1.value, line) - 1
-    edge = abs(apart - definitions.NOISE_BAND) < EDGE_SHARE
+    edge = _at_band_edge(t1.value, line)
     gap = f"{apart:.1%}" if edge else f"{apart:.0%}"
     return Verdict("batch 1 is on the cost line", holds, word,
                    f"On this machine {t1.model}'s batch 1 is {word}: t(1) = {t1.value * 1e3:.2f} ms against the "
@@ -349,6 +349,12 @@ def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement) -> Ve
 
 #: How close to the noise band a gap must lie for a reported verdict to say a re-run may flip it.
 EDGE_SHARE = 0.05
+
+
+def _at_band_edge(a: float, b: float) -> bool:
+    """Whether the gap between ``a`` and ``b`` (the larger over the smaller, less one) lies within
+    ``EDGE_SHARE`` of the noise band, on either side: a re-run may put it on the other side."""
+    return abs(max(a, b) / min(a, b) - 1 - definitions.NOISE_BAND) < EDGE_SHARE
 
 
 def cpu_within_wall(cpu: Measurement, wall: Measurement, source: str) -> Verdict:
@@ -409,9 +415,8 @@ def passes_on(served: Measurement, model_gain: Measurement) -> Verdict:
                            f"{model_gain.where.get('max_batch_size')}")
     off = served.value / model_gain.value - 1
     if definitions.agree(served.value, model_gain.value):
-        apart = max(served.value, model_gain.value) / min(served.value, model_gain.value) - 1
         word, why = "passed on", f"within the noise band ({definitions.NOISE_BAND:.0%})" + (
-            "; near its edge, so a re-run may land outside it." if abs(apart - definitions.NOISE_BAND) < EDGE_SHARE
+            "; near its edge, so a re-run may land outside it." if _at_band_edge(served.value, model_gain.value)
             else ".")
     elif not _told_apart(served, model_gain):
         word = "cannot be told apart from passing on"
