@@ -481,40 +481,46 @@ def chance_apart(repeats_a: int, repeats_b: int) -> float:
 def rank_chance(samples_a: Sequence[float], samples_b: Sequence[float]) -> float:
     """The chance that two sets of repeats of one and the same measurement come out ordered at
     least as consistently as ``samples_a`` against ``samples_b``: the exact two-sided rank test
-    (Mann and Whitney's).
+    (Mann and Whitney's), exact over ties too.
 
     Why: a range is its two most extreme repeats, so over many repeats one odd repeat (a burst
     that happened to arrive as one call) makes two ranges touch although every other repeat
-    ranks them. Count the pairs, one repeat of each, that go against the order most pairs
-    follow (a tie counts against it): ``U``. If nothing differs, every order of the ``a + b``
-    values is equally likely, and the chance is twice the share of orders with at most ``U``
-    such pairs. With ``U = 0`` (ranges that miss each other) it is ``chance_apart``: five
-    repeats against five need every pair in order; twenty against twenty stay within
-    ``CHANCE_LEVEL`` with up to 105 of their 400 pairs against the order.
+    ranks them. Count the pairs, one repeat of each, in which ``a``'s repeat is the larger, a
+    tie as half a pair: ``U``. If nothing differs, every way of dealing the ``a + b`` values out
+    to the two sides is equally likely, and the chance is twice the share of deals whose ``U``
+    lies at least as far out, on the nearer side. Ties are counted as they fell: a mean batch
+    pinned at its cap (every burst with a wait ran as one call) ties with each greedy burst that
+    happened to run as one call too, and a test that counted each such tie as a whole pair
+    against the order would refuse an ordering that chance alone rarely deals. With ``U = 0``
+    (ranges that miss each other) it is ``chance_apart``; twenty against twenty with no ties stay
+    within ``CHANCE_LEVEL`` with up to 105 of their 400 pairs against the order.
     """
     a, b = list(samples_a), list(samples_b)
     if not a or not b:
         raise ValueError(f"need repeats on both sides, got {len(a)} and {len(b)}")
-    below = sum(x < y for x in a for y in b)
-    above = sum(x > y for x in a for y in b)
-    against = len(a) * len(b) - max(below, above)
-    orders = _orders_by_pairs_against(len(a), len(b))
-    return min(1.0, 2 * sum(orders[:against + 1]) / math.comb(len(a) + len(b), len(a)))
+    above = sum(2 * (x > y) + (x == y) for x in a for y in b)       # in half pairs
+    ties = tuple(sorted(a + b).count(v) for v in sorted(set(a + b)))
+    deals = _deals_by_half_pairs(ties, len(a))
+    nearer = min(sum(n for u, n in deals.items() if u <= above), sum(n for u, n in deals.items() if u >= above))
+    return min(1.0, 2 * nearer / math.comb(len(a) + len(b), len(a)))
 
 
 @functools.lru_cache(maxsize=None)
-def _orders_by_pairs_against(m: int, n: int) -> tuple[int, ...]:
-    """How many orders of ``m`` values of one kind and ``n`` of another have exactly ``u`` pairs
-    with the second kind first, for each ``u`` from 0 to ``m·n``: the last value is of the
-    first kind (after all ``n`` of the second) or of the second (after none of the first)."""
-    if m == 0 or n == 0:
-        return (1,)
-    counts = [0] * (m * n + 1)
-    for u, count in enumerate(_orders_by_pairs_against(m - 1, n)):
-        counts[u + n] += count
-    for u, count in enumerate(_orders_by_pairs_against(m, n - 1)):
-        counts[u] += count
-    return tuple(counts)
+def _deals_by_half_pairs(ties: tuple[int, ...], m: int) -> dict[int, int]:
+    """How many ways of dealing ``m`` of the pooled values to the first side give each ``U``
+    (in half pairs): ``ties`` holds how many values share each distinct value, smallest first.
+    Taking ``j`` of a group puts each of them above every second-side value dealt before it
+    and level with the ``size - j`` left to the second side."""
+    deals = {(0, 0): 1}                         # (dealt to the first side, U) -> ways
+    seen = 0
+    for size in ties:
+        after: dict[tuple[int, int], int] = {}
+        for (dealt, u), ways in deals.items():
+            for j in range(max(0, m - dealt - (sum(ties) - seen - size)), min(size, m - dealt) + 1):
+                key = (dealt + j, u + 2 * j * (seen - dealt) + j * (size - j))
+                after[key] = after.get(key, 0) + ways * math.comb(size, j)
+        deals, seen = after, seen + size
+    return {u: ways for (dealt, u), ways in deals.items() if dealt == m}
 
 
 def told_apart(range_a: tuple[float, float], repeats_a: int, range_b: tuple[float, float], repeats_b: int,
