@@ -10,6 +10,7 @@ groups, prints and plots what those instruments measured.
 from __future__ import annotations
 
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -48,7 +49,8 @@ def sweep(out: Path, repo: Path, *, batch_sizes: Sequence[int], timer_batch_size
 
 def points(rows: Sequence[Mapping]) -> list[dict]:
     """One point per setting and load: each of :data:`QUANTITIES` that every repeat recorded,
-    over the repeats (median, lowest and highest), and the requests shed over all repeats."""
+    over the repeats (median, lowest and highest), the requests shed over all repeats, and the
+    median rate locust sent (below the offered load once its users all wait on answers)."""
     grouped: dict[tuple, list[Mapping]] = {}
     for row in rows:
         key = (row["policy"], row["max_batch_size"], row["effective_max_wait_ms"], row["offered_rps"])
@@ -59,6 +61,7 @@ def points(rows: Sequence[Mapping]) -> list[dict]:
         point = {q: instruments.over_repeats([r[q] for r in repeats]) for q in QUANTITIES
                  if all(q in r for r in repeats)}
         point["shed"] = sum(int(row["shed_503"]) for row in grouped[key])
+        point["sent"] = statistics.median(float(row["sent_rps"]) for row in grouped[key])
         merged.append(point)
     return merged
 
@@ -103,14 +106,16 @@ def print_points(merged: Sequence[Mapping], cost: queueing.BatchCost, t_http_s: 
           "(the measured t(1); from b = 2 the line through 2, 4, 8): "
           + ", ".join(f"{cap:.0f} requests/s at {b} (t({b}) = {cost(b) * 1e3:.1f} ms)" for b, cap in caps.items())
           + "; 'past capacity' below: the offered load is at or above it")
-    print(f"{'setting':<18} {'offered':>7} {'served':>6} {'shed':>5} {'p50':>5} {'p99 (over repeats)':>19} "
+    print(f"{'setting':<18} {'offered':>7} {'sent':>5} {'served':>6} {'shed':>5} {'p50':>5} {'p99 (over repeats)':>19} "
           f"{'batch':>6} {'device/req':>10} | {'model p99':>9} {'measured/model':>14}")
-    print(f"{'':<18} {'req/s':>7} {'req/s':>6} {'(sum)':>5} {'ms':>5} {'ms':>19} {'rows':>6} {'ms':>10} | {'ms':>9}")
+    print(f"{'':<18} {'req/s':>7} {'req/s':>5} {'req/s':>6} {'(sum)':>5} {'ms':>5} {'ms':>19} {'rows':>6} {'ms':>10} | "
+          f"{'ms':>9}")
     for p in merged:
         model = predicted(p, cost, t_http_s)
         low, high = p["p99"].spread
         ratio = p["p99"].value * 1e3 / model.p99_ms   # measured over predicted
-        print(f"{setting_label(p['p99']):<18} {p['p99'].where['offered_rps']:>7g} {p['throughput'].value:>6.0f} "
+        print(f"{setting_label(p['p99']):<18} {p['p99'].where['offered_rps']:>7g} {p['sent']:>5.0f} "
+              f"{p['throughput'].value:>6.0f} "
               f"{p['shed']:>5} {p['p50'].value * 1e3:>5.0f} {p['p99'].value * 1e3:>7.0f} ({low * 1e3:.0f}–{high * 1e3:.0f})"
               f"{'':>3} {p['mean batch'].value:>6.2f} {p['device time per request'].value * 1e3:>10.2f} | "
               + (f"{'past capacity':>9}" if model.saturated else

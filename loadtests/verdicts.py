@@ -206,7 +206,10 @@ def account_explains(served: Measurement, t_http: Measurement, call: Measurement
         sentence += (f"; both are within the noise band ({definitions.NOISE_BAND:.0%}) of 1, so t_http is too "
                      "small beside the model's call for this measurement to test it.")
     elif not edges:
-        sentence += f"; the core {direction}, beyond the noise band ({definitions.NOISE_BAND:.0%})."
+        sentence += f"; the core {direction}, beyond the noise band ({definitions.NOISE_BAND:.0%})"
+        sentence += ("; the account without t_http lies within the band, as if the server added far less to each "
+                     "request here than the no-op's t_http." if with_http > 1 and definitions.agree(without_http, 1.0)
+                     else ".")
     else:
         crossed = (f"the band's edge at {edges[0]:.3f}" if len(edges) == 1 else
                    f"both of the band's edges, {edges[0]:.3f} and {edges[1]:.3f}")
@@ -246,7 +249,7 @@ def indistinguishable(a: Measurement, b: Measurement, setting: str = "policy") -
              (f"{a.model} under {setting_label(a)}", f"under {setting_label(b)}"))
     return Verdict("the settings are indistinguishable", holds, word,
                    f"{names[0]} and {names[1]} are {word} {load}: p99 {' against '.join(_values(a, b))}"
-                   + (f"; {_why_not_apart(a, b)}." if holds else "."), TOLD_APART_RULE)
+                   + (f"; {_why_not_apart(a, b)}." if holds else f"{_how_apart(a, b)}."), TOLD_APART_RULE)
 
 
 def _told_apart(a: Measurement, b: Measurement) -> bool:
@@ -257,14 +260,24 @@ def _told_apart(a: Measurement, b: Measurement) -> bool:
 
 
 def _how_apart(a: Measurement, b: Measurement) -> str:
-    """For two records :func:`_told_apart` ranks although their ranges overlap (their repeats
-    ordered consistently), the clause that says so, else nothing: a reader who sees two
-    overlapping ranges ranked is owed the reason."""
-    if not (a.samples and b.samples) or not definitions.indistinguishable(a.spread, b.spread):
-        return ""
-    chance = definitions.rank_chance(a.samples, b.samples)
+    """For two records :func:`_told_apart` ranks although their ranges overlap, or miss each
+    other by no more than the noise band, the clause that says what ranked them (the order of
+    their repeats), else nothing: a reader who sees two touching ranges ranked is owed the reason."""
+    if definitions.indistinguishable(a.spread, b.spread):
+        if not (a.samples and b.samples):
+            return ""
+        lead = "their ranges overlap"
+    else:
+        lower, upper = sorted((a.spread, b.spread))
+        gap = upper[0] / lower[1] - 1.0
+        if gap > definitions.NOISE_BAND:
+            return ""
+        lead = (f"their ranges miss each other by {'under 1%' if gap < 0.01 else f'{gap:.0%}'}, inside the noise band "
+                f"({definitions.NOISE_BAND:.0%})")
+    chance = (definitions.rank_chance(a.samples, b.samples) if a.samples and b.samples else
+              definitions.chance_apart(a.repeats, b.repeats))
     said = "under 0.1%" if chance < 0.001 else f"{chance:.1%}"
-    return (f"; their ranges overlap, but their repeats rank them: chance alone would order {a.repeats} "
+    return (f"; {lead}, but their repeats rank them: chance alone would order {a.repeats} "
             f"against {b.repeats} so consistently {said} of the time")
 
 
@@ -376,9 +389,10 @@ def cpu_within_wall(cpu: Measurement, wall: Measurement, source: str) -> Verdict
     holds = within or cpu.value < wall.value
     word = "within the noise band" if within else "under it" if holds else "above it, beyond the noise band"
     band = f"{definitions.NOISE_BAND:.0%}"
-    why = ((f" ({band}): {'above' if ratio > 1 else 'below'} it by {abs(ratio - 1):.0%}, which two runs of a shared "
-            "machine can differ by; within one run a one-thread call's CPU time never exceeds its wall time.")
-           if within else
+    why = ((f" ({band}): above it by {ratio - 1:.0%}, which two runs of a shared machine can differ by; within "
+            "one run a one-thread call's CPU time never exceeds its wall time.") if within and ratio > 1 else
+           (f" ({band}): below it by {1 - ratio:.0%}, as the bound allows: CPU time leaves out any moment the call "
+            "waited for its core.") if within else
            ": CPU time leaves out any moment the call waited for its core, and the two are separate runs of a "
            "shared machine." if holds else
            f" ({band}). A one-thread call's CPU time cannot exceed its wall time, so the call itself ran slower "
@@ -1393,10 +1407,12 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
               + (", and the default with it." if default in near else ".") if near else "")
     narrow = {label: highest[label] for label in tied if definitions.agree(highest[label], budget_s)}
     if narrow:
+        clear = [label for label in candidates if label not in narrow]
         caveat += (f" {_and(narrow)} held it by less than the noise band ({definitions.NOISE_BAND:.0%}; "
                    + ", ".join(f"{p99 * 1e3:.1f} ms" for p99 in narrow.values()) + f" against {budget_s * 1e3:.4g} ms"
                    + "): a re-run may push " + ("them" if len(narrow) > 1 else "it") + " out at "
-                   + f"{top:g} requests/s, and the choice move down a load.")
+                   + f"{top:g} requests/s, "
+                   + (f"where {_and(clear)} would still hold it." if clear else "and the choice move down a load."))
     if len(tied) == 1:
         return Verdict("the data choose one setting", True, "run",
                        f"For {budget}, run: {tied[0]} ({evidence}).{caveat}", TOLD_APART_RULE)

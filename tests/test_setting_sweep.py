@@ -16,12 +16,12 @@ from loadtests import queueing, setting_sweep  # noqa: E402
 
 
 def row(policy: str, b: int, wait_ms: float, load: float, p99_ms: float, served: float, shed: int = 0,
-        repeat: int = 0) -> dict:
+        repeat: int = 0, sent: float | None = None) -> dict:
     return {"policy": policy, "max_batch_size": b, "max_wait_ms": wait_ms, "effective_max_wait_ms": wait_ms,
             "offered_rps": load, "repeat": repeat, "failures": 0, "shed_503": shed, "requests": 500,
             "model": "resnet18", "mean_batch_size": 2.0, "mean_queue_wait_ms": 5.0, "p50_ms": p99_ms / 3,
             "p99_ms": p99_ms, "achieved_rps": served, "device_seconds_per_request": 0.004,
-            "device_busy_fraction": 0.5}
+            "device_busy_fraction": 0.5, "sent_rps": served if sent is None else sent}
 
 
 def test_a_point_is_its_repeats_merged_and_its_shed_summed():
@@ -32,6 +32,19 @@ def test_a_point_is_its_repeats_merged_and_its_shed_summed():
     assert timer["p99"].value == pytest.approx(0.100) and timer["p99"].spread == pytest.approx((0.090, 0.110))
     assert timer["throughput"].value == pytest.approx(138.5) and timer["p99"].repeats == 2
     assert timer["shed"] == 3 and points["greedy"]["shed"] == 0
+    assert timer["sent"] == pytest.approx(138.5)
+
+
+def test_the_table_shows_what_locust_sent_beside_the_offered_load(capsys):
+    """07's run: greedy 1 at 84 requests/s offered served 55 and shed 6 over two repeats: its 84
+    users each waited about a second on an answer, so locust sent far less than it offered, and
+    the table did not say so."""
+    cost = queueing.BatchCost(a=0.006, c=0.0016, t1=0.012)
+    rows = [row("greedy", 1, 0, 84, 1200, 55, shed=3, sent=56.0, repeat=r) for r in (0, 1)]
+    setting_sweep.print_points(setting_sweep.points(rows), cost, {1: 200e-6})
+    header, units, line = capsys.readouterr().out.splitlines()[1:4]
+    assert header.split()[1:4] == ["offered", "sent", "served"] and units.split()[:3] == ["req/s"] * 3
+    assert line.split()[2:5] == ["84", "56", "55"]
 
 
 def test_the_model_takes_the_t_http_of_the_points_own_size():

@@ -130,6 +130,22 @@ def test_an_account_beaten_by_a_third_does_not_explain():
     verdict = verdicts.account_explains(per_cpu_second(3289), seconds("t_http", 91e-6, clock="server CPU"),
                                         seconds("t(16)", 16 * 315e-6), 16)
     assert not verdict.holds and "served more than the account predicts" in verdict.sentence
+    assert "without t_http lies within the band" in verdict.sentence       # 1.04 without it
+
+
+def test_an_account_fitted_only_without_t_http_says_so():
+    """04's run: efficiency 1.23 with t_http (185 µs), 0.88 without it, inside the band around 1:
+    the sentence named the first and left the second for the reader to find."""
+    per_row, t_http = 466e-6, 185e-6
+    served = per_cpu_second(1.23 / (t_http + per_row))
+    verdict = verdicts.account_explains(served, seconds("t_http", t_http, clock="server CPU"),
+                                        seconds("t(16)", 16 * per_row), 16)
+    assert not verdict.holds and verdict.sentence.endswith(
+        "the account without t_http lies within the band, as if the server added far less to each request here "
+        "than the no-op's t_http."), verdict.sentence
+    short = verdicts.account_explains(per_cpu_second(0.5 / (t_http + per_row)),
+                                      seconds("t_http", t_http, clock="server CPU"), seconds("t(16)", 16 * per_row), 16)
+    assert short.sentence.endswith("served less than the account predicts, beyond the noise band (15%).")
 
 
 def test_an_account_whose_repeats_cross_the_band_edge_says_a_re_run_may_differ():
@@ -223,6 +239,19 @@ def test_p99s_apart_by_more_than_the_band_or_over_many_repeats_are_told_apart():
     assert not wide.holds
     many = dataclasses.replace(p99("tokens", 194, 221, 4), repeats=5)
     assert not verdicts.indistinguishable(many, dataclasses.replace(p99("rows", 225, 340, 4), repeats=5)).holds
+    assert "their repeats rank them" not in wide.sentence            # the gap alone, wider than the band
+
+
+def test_ranges_a_millisecond_apart_say_what_ranked_them():
+    """14's run: 'told apart with 16 closed-loop clients: p99 938 ms (741–978 ms over 5 repeats)
+    against 1242 ms (979–1246 ms over 5 repeats)', with nothing said of the 1 ms gap, which only
+    the order of the repeats (five against five, 0.8% by chance) could rank."""
+    faster = dataclasses.replace(p99("tokens", 741, 978, 4), value=0.938, repeats=5)
+    slower = dataclasses.replace(p99("rows", 979, 1246, 4), value=1.242, repeats=5)
+    verdict = verdicts.indistinguishable(faster, slower)
+    assert not verdict.holds and verdict.sentence.endswith(
+        "; their ranges miss each other by under 1%, inside the noise band (15%), but their repeats rank them: "
+        "chance alone would order 5 against 5 so consistently 0.8% of the time."), verdict.sentence
 
 
 def test_two_policies_at_different_loads_are_refused():
@@ -1155,6 +1184,9 @@ def test_a_pick_that_held_the_budget_narrowly_is_named():
         "push it out at 219 requests/s, and the choice move down a load."), verdict.sentence
     clear = sweep_point("timer", 16, 65, 219, 100, 219)
     assert "push" not in verdicts.choose_setting([clear], 0.1614, DEFAULT).sentence
+    tie = verdicts.choose_setting([point, sweep_point("greedy", 16, 0, 219, 100, 219)], 0.1614, DEFAULT)
+    assert tie.sentence.endswith(                     # 07's run: the other tied setting held it with room
+        "a re-run may push it out at 219 requests/s, where greedy 16 would still hold it."), tie.sentence
 
 
 def test_when_no_setting_holds_the_budget_the_nearest_miss_is_named():
@@ -1439,7 +1471,10 @@ def test_a_cpu_time_beyond_the_wall_time_of_another_run_says_the_call_ran_slower
     assert not slower.holds and slower.word == "above it, beyond the noise band"
     assert "1.57× the 6.73 ms notebook 01 timed" in slower.sentence and "ran slower here" in slower.sentence
     near = verdicts.cpu_within_wall(t1(7.0e-3, "cpu"), t1(6.73e-3, "wall"), "notebook 01")
-    assert near.holds and near.word == "within the noise band"
+    assert near.holds and near.word == "within the noise band" and "which two runs" in near.sentence
+    below = verdicts.cpu_within_wall(t1(0.47e-3, "cpu"), t1(0.52e-3, "wall"), "notebook 01")   # 04's run
+    assert below.holds and "below it by 10%, as the bound allows" in below.sentence
+    assert "which two runs" not in below.sentence         # a CPU time below the wall time needs no drift
     under = verdicts.cpu_within_wall(t1(5.0e-3, "cpu"), t1(6.73e-3, "wall"), "notebook 01")
     assert under.holds and under.word == "under it"
     with pytest.raises(Incomparable):   # the clocks the other way round
