@@ -259,6 +259,12 @@ def _told_apart(a: Measurement, b: Measurement) -> bool:
         a.spread, a.repeats, b.spread, b.repeats, samples_a=a.samples, samples_b=b.samples)
 
 
+def _gap(gap: float) -> str:
+    """A gap between two ranges inside the noise band, to as many places as keep it visibly
+    inside: "14.9%", not "15%" beside a band of 15%."""
+    return "under 1%" if gap < 0.01 else f"{gap:.1%}" if round(gap, 2) >= definitions.NOISE_BAND else f"{gap:.0%}"
+
+
 def _how_apart(a: Measurement, b: Measurement) -> str:
     """For two records :func:`_told_apart` ranks although their ranges overlap, or miss each
     other by no more than the noise band, the clause that says what ranked them (the order of
@@ -272,8 +278,7 @@ def _how_apart(a: Measurement, b: Measurement) -> str:
         gap = upper[0] / lower[1] - 1.0
         if gap > definitions.NOISE_BAND:
             return ""
-        lead = (f"their ranges miss each other by {'under 1%' if gap < 0.01 else f'{gap:.0%}'}, inside the noise band "
-                f"({definitions.NOISE_BAND:.0%})")
+        lead = f"their ranges miss each other by {_gap(gap)}, inside the noise band ({definitions.NOISE_BAND:.0%})"
     chance = (definitions.rank_chance(a.samples, b.samples) if a.samples and b.samples else
               definitions.chance_apart(a.repeats, b.repeats))
     said = "under 0.1%" if chance < 0.001 else f"{chance:.1%}"
@@ -297,7 +302,7 @@ def _why_not_apart(a: Measurement, b: Measurement) -> str:
                 f"of the time, above {definitions.CHANCE_LEVEL:.0%}")
     gap = upper[0] / lower[1] - 1.0
     chance = definitions.chance_apart(a.repeats, b.repeats)
-    return (f"their ranges miss each other by {gap:.0%}, inside the noise band "
+    return (f"their ranges miss each other by {_gap(gap)}, inside the noise band "
             f"({definitions.NOISE_BAND:.0%}), and {a.repeats} repeats against {b.repeats} part so by chance "
             f"alone {chance:.1%} of the time, above {definitions.CHANCE_LEVEL:.0%}")
 

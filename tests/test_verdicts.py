@@ -252,6 +252,9 @@ def test_ranges_a_millisecond_apart_say_what_ranked_them():
     assert not verdict.holds and verdict.sentence.endswith(
         "; their ranges miss each other by under 1%, inside the noise band (15%), but their repeats rank them: "
         "chance alone would order 5 against 5 so consistently 0.8% of the time."), verdict.sentence
+    edge = verdicts.indistinguishable(dataclasses.replace(p99("tokens", 741, 895, 4), value=0.849, repeats=5),
+                                      dataclasses.replace(p99("none", 580, 645, 4), value=0.611, repeats=5))
+    assert "miss each other by 14.9%, inside the noise band (15%)" in edge.sentence   # not "by 15%, inside (15%)"
 
 
 def test_two_policies_at_different_loads_are_refused():
