@@ -38,6 +38,7 @@ Settled here, once (each function's docstring gives the reason):
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import statistics
@@ -499,7 +500,7 @@ def rank_chance(samples_a: Sequence[float], samples_b: Sequence[float]) -> float
     if not a or not b:
         raise ValueError(f"need repeats on both sides, got {len(a)} and {len(b)}")
     above = sum(2 * (x > y) + (x == y) for x in a for y in b)       # in half pairs
-    ties = tuple(sorted(a + b).count(v) for v in sorted(set(a + b)))
+    ties = tuple(count for _, count in sorted(collections.Counter(a + b).items()))
     deals = _deals_by_half_pairs(ties, len(a))
     nearer = min(sum(n for u, n in deals.items() if u <= above), sum(n for u, n in deals.items() if u >= above))
     return min(1.0, 2 * nearer / math.comb(len(a) + len(b), len(a)))
@@ -512,15 +513,23 @@ def _deals_by_half_pairs(ties: tuple[int, ...], m: int) -> dict[int, int]:
     Taking ``j`` of a group puts each of them above every second-side value dealt before it
     and level with the ``size - j`` left to the second side."""
     deals = {(0, 0): 1}                         # (dealt to the first side, U) -> ways
-    seen = 0
+    seen, pooled = 0, sum(ties)
     for size in ties:
         after: dict[tuple[int, int], int] = {}
         for (dealt, u), ways in deals.items():
-            for j in range(max(0, m - dealt - (sum(ties) - seen - size)), min(size, m - dealt) + 1):
+            for j in range(max(0, m - dealt - (pooled - seen - size)), min(size, m - dealt) + 1):
                 key = (dealt + j, u + 2 * j * (seen - dealt) + j * (size - j))
                 after[key] = after.get(key, 0) + ways * math.comb(size, j)
         deals, seen = after, seen + size
     return {u: ways for (dealt, u), ways in deals.items() if dealt == m}
+
+
+def range_gap(range_a: tuple[float, float], range_b: tuple[float, float]) -> float:
+    """How far two ranges (lowest, highest) miss each other: the higher range's low end over the
+    lower range's high end, less one (negative where they overlap; not a number where the lower
+    range ends at zero or below, where no ratio says how far, so no comparison with it holds)."""
+    lower, upper = sorted((range_a, range_b))
+    return upper[0] / lower[1] - 1.0 if lower[1] > 0 else math.nan
 
 
 def told_apart(range_a: tuple[float, float], repeats_a: int, range_b: tuple[float, float], repeats_b: int,
@@ -539,10 +548,8 @@ def told_apart(range_a: tuple[float, float], repeats_a: int, range_b: tuple[floa
     do on this machine. A narrow gap over few repeats is not told apart.
     """
     apart = not indistinguishable(range_a, range_b, band)
-    if apart:
-        lower, upper = sorted((range_a, range_b))
-        if lower[1] > 0 and upper[0] / lower[1] - 1.0 > band + 1e-9:
-            return True
+    if apart and range_gap(range_a, range_b) > band + 1e-9:
+        return True
     if samples_a and samples_b:
         return rank_chance(samples_a, samples_b) <= CHANCE_LEVEL
     return apart and chance_apart(repeats_a, repeats_b) <= CHANCE_LEVEL

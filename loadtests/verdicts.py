@@ -274,8 +274,7 @@ def _how_apart(a: Measurement, b: Measurement) -> str:
             return ""
         lead = "their ranges overlap"
     else:
-        lower, upper = sorted((a.spread, b.spread))
-        gap = upper[0] / lower[1] - 1.0
+        gap = definitions.range_gap(a.spread, b.spread)
         if gap > definitions.NOISE_BAND:
             return ""
         lead = f"their ranges miss each other by {_gap(gap)}, inside the noise band ({definitions.NOISE_BAND:.0%})"
@@ -293,14 +292,13 @@ def _why_not_apart(a: Measurement, b: Measurement) -> str:
     too few repeats (with the chance that repeats of one measurement part so)."""
     if definitions.agree(a.value, b.value):
         return f"their values lie within the noise band ({definitions.NOISE_BAND:.0%}) of each other"
-    lower, upper = sorted((a.spread, b.spread))
     if definitions.indistinguishable(a.spread, b.spread):
         if not (a.samples and b.samples):
             return "their ranges over the repeats overlap"
         return (f"their ranges over the repeats overlap, and chance alone would order {a.repeats} repeats "
                 f"against {b.repeats} at least as consistently {definitions.rank_chance(a.samples, b.samples):.1%} "
                 f"of the time, above {definitions.CHANCE_LEVEL:.0%}")
-    gap = upper[0] / lower[1] - 1.0
+    gap = definitions.range_gap(a.spread, b.spread)
     chance = definitions.chance_apart(a.repeats, b.repeats)
     return (f"their ranges miss each other by {_gap(gap)}, inside the noise band "
             f"({definitions.NOISE_BAND:.0%}), and {a.repeats} repeats against {b.repeats} part so by chance "
