@@ -335,12 +335,13 @@ def served(tmp_path_factory):
 def test_t_http_recovers_a_known_added_cost_per_request(served):
     """Both at MAX_BATCH_SIZE 1, so the per-call work is the same: the difference of the two
     ``t_http`` is the 2 ms of CPU added per request, from 10 % under (each ``t_http`` carries
-    about ±0.1 ms over two 1 s windows) to 25 % over: the spin holds the interpreter lock for
-    2 ms at a time and the server's other threads wait and switch around it (+6 % and +16 %
-    measured on a busy 2-core machine)."""
+    about ±0.1 ms over two 1 s windows) to 35 % over: the spin holds the interpreter lock for
+    2 ms at a time and the server's other threads wait and switch around it. On a 2-core machine
+    15 runs gave +6 % to +26 % (most +12 % to +23 %), the same whether the spin asks the clock
+    at every turn or every 200th, so the surplus is the server's, not the clock's."""
     plain, burdened = instruments.t_http(served["plain1"]), instruments.t_http(served["burdened1"])
     added = burdened.value - plain.value
-    assert 0.90 * PER_REQUEST_S <= added <= 1.25 * PER_REQUEST_S, (plain.describe(), burdened.describe())
+    assert 0.90 * PER_REQUEST_S <= added <= 1.35 * PER_REQUEST_S, (plain.describe(), burdened.describe())
     assert plain.where["clock"] == instruments.SERVER_CPU_CLOCK
     assert plain.where["max_batch_size"] == 1 and plain.observed["mean_batch"] == 1.0
 
