@@ -153,6 +153,7 @@ CITED_CONSTANTS: tuple[Cited, ...] = (
     Cited("400 ms", "09_appendix_one_endpoint_many_machines", "setting DEVICE_CALL_SECONDS"),
     Cited("1 s", "03_what_breaks_and_how_we_fix_it", "setting MAX_WAIT"),
     Cited("0.2 s", "05_appendix_the_multi_model_contract", "setting SLOW_CALL_S"),
+    Cited("100 ms", "13_appendix_locust_scenarios", "loadtests/_common.py: --mm-think-ms's default"),
     Cited("10 seconds", "13_appendix_locust_scenarios",
           "locust, locust/stats.py: CURRENT_RESPONSE_TIME_PERCENTILE_WINDOW = 10, the window of its current "
           "percentiles; its current requests/s counts the 10 s ending 2 s before the last request"),
