@@ -445,7 +445,8 @@ def passes_on(served: Measurement, model_gain: Measurement) -> Verdict:
         word = "passed on and added to"
         why = (f"beyond the noise band ({definitions.NOISE_BAND:.0%}): with batching on, each request cost the "
                "server less beyond the model's call, as timed alone, than with it off (the per-call work a batch "
-               "shares, or a call that runs faster inside the server than alone).")
+               "shares, a call that runs faster inside the server than alone with batching on, or a batch-1 request "
+               "that costs the server more with a real model than its no-op t_http with batching off).")
     else:
         word = "ate part of"
         why = (f"beyond the noise band ({definitions.NOISE_BAND:.0%}): the server's own work per request "
@@ -1138,12 +1139,16 @@ def no_more_throughput(greedy: Measurement, waiting: Measurement) -> Verdict:
     comparable(greedy, waiting)
     holds = waiting.value <= (1 + definitions.NOISE_BAND) * greedy.value
     word = "bought no throughput" if holds else "bought throughput"
+    mean_batch, b = greedy.observed.get("mean_batch"), greedy.where.get("max_batch_size")
+    full = isinstance(mean_batch, (int, float)) and isinstance(b, int) and definitions.agree(mean_batch, b)
     return Verdict("saturated, the wait buys no throughput", holds, word,
                    f"Saturated, the wait {word}: {waiting.model} served {waiting.value:.0f} requests/s against "
                    f"{greedy.model}'s {greedy.value:.0f}, {waiting.value / greedy.value:.2f}× "
                    f"({'not ' if holds else ''}beyond the noise band of {definitions.NOISE_BAND:.0%} above it); "
                    f"greedy's batches already held {greedy.observed.get('mean_batch', '?')} of "
-                   f"{greedy.where.get('max_batch_size', '?')} rows.")
+                   f"{greedy.where.get('max_batch_size', '?')} rows"
+                   + ("; where a full batch always waits, the timer never runs, so this shows the setup, not the wait."
+                      if holds and full else "."))
 
 
 def cuts_device_time(line: list[Measurement]) -> Verdict:

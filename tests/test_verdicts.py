@@ -994,6 +994,11 @@ def capacity_of(model: str, value: float):
 
 def test_no_more_throughput_holds_within_the_band_and_fails_beyond():
     assert verdicts.no_more_throughput(capacity_of("greedy", 362.0), capacity_of("timer", 370.0))
+    full = capacity_of("greedy", 362.0)      # greedy's batches full: the two run one schedule
+    assert "shows the setup, not the wait" in verdicts.no_more_throughput(full, capacity_of("timer", 359.0)).sentence
+    part = measurement("capacity", "greedy", 362.0, "requests/s", (362.0, 362.0), 3, dict(full.where),
+                       {"mean_batch": 20.0})
+    assert "not the wait" not in verdicts.no_more_throughput(part, capacity_of("timer", 359.0)).sentence
     more = verdicts.no_more_throughput(capacity_of("greedy", 300.0), capacity_of("timer", 362.0))
     assert not more and more.word == "bought throughput"
     with pytest.raises(Incomparable):
