@@ -343,14 +343,31 @@ def wait_saved(greedy: Measurement, waiting: Measurement) -> Verdict:
                    decided=apart)
 
 
-def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement) -> Verdict:
+def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement,
+                same_kernels: Measurement | None = None) -> Verdict:
     """Whether the measured one-row call lies on the cost line (``t(1)`` against ``F + c``
     within the noise band). A property of the reader's CPU kernels, not a law: notebooks print
-    it, they do not assert it."""
+    it, they do not assert it.
+
+    ``same_kernels``: the same one-row call timed a second time on the very same kernels
+    (appendix 10: with oneDNN off, where batch 1 runs none of oneDNN's). Where the two timings
+    differ beyond the noise band, the run's own noise is wider than any gap it could report,
+    and the verdict places the call on neither side ("not placed", not decided)."""
     if t1.quantity != "t(1)":
         raise Incomparable(f"need the measured t(1), got {t1.quantity!r}")
     comparable(fixed, per_row, same_quantity=False)
     line = fixed.value + per_row.value
+    if same_kernels is not None:
+        if (same_kernels.quantity, same_kernels.model) != (t1.quantity, t1.model):
+            raise Incomparable(f"need a second t(1) of {t1.model}, got {same_kernels.describe()}")
+        if not definitions.agree(t1.value, same_kernels.value):
+            apart = max(t1.value, same_kernels.value) / min(t1.value, same_kernels.value) - 1
+            return Verdict("batch 1 is on the cost line", False, "not placed",
+                           f"On this machine this run cannot place {t1.model}'s batch 1: two timings of the same "
+                           f"kernels took {t1.value * 1e3:.2f} and {same_kernels.value * 1e3:.2f} ms, {apart:.0%} "
+                           f"apart, beyond the noise band ({definitions.NOISE_BAND:.0%}), so t(1) against the line's "
+                           f"F + c = {line * 1e3:.2f} ms ({t1.value / line:.2f}×) lies within the run's own noise.",
+                           decided=False)
     holds = definitions.agree(t1.value, line)
     word = "on the line" if holds else "off the line"
     apart = max(t1.value, line) / min(t1.value, line) - 1
@@ -1147,7 +1164,8 @@ def no_more_throughput(greedy: Measurement, waiting: Measurement) -> Verdict:
                    f"({'not ' if holds else ''}beyond the noise band of {definitions.NOISE_BAND:.0%} above it); "
                    f"greedy's batches already held {greedy.observed.get('mean_batch', '?')} of "
                    f"{greedy.where.get('max_batch_size', '?')} rows"
-                   + ("; where a full batch always waits, the timer never runs, so this shows the setup, not the wait."
+                   + ("; a full batch is always already queued, so timer's clock never starts: this comparison tests the "
+                      "setup, not the wait."
                       if holds and full else "."))
 
 
@@ -1632,7 +1650,7 @@ def zipf_fits(counts: Sequence[int], exponent: float, sigmas: float = 3.0) -> tu
                     sentence), fitted, error)
 
 
-def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float) -> Verdict:
+def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float, placed: bool = True) -> Verdict:
     """Whether batch 1's kind of kernel points the way t(1) lies off the cost line (appendix 10).
 
     ``kernel_ratio``: batch 2's time with oneDNN off (batch 1's kind of kernel, PyTorch's own)
@@ -1640,8 +1658,14 @@ def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float) -> V
     t(1) over the line's ``F + c``. Slower kernels at batch 1 predict a t(1) above the line,
     faster ones a t(1) below it. A match is a direction, not an account: batch 2's change of
     kernel need not cost what batch 1's does. Within the noise band either number says nothing.
+    ``placed``: False where :func:`on_the_line` could not place t(1) (its own timings moved
+    beyond the band): then there is no gap to explain either way.
     """
-    if definitions.agree(off_line, 1.0):
+    if not placed:
+        holds, word, why = False, "not placed", (
+            "this run could not place t(1) against the line (two timings of its kernels differed beyond the noise "
+            "band), so there is no gap for the kernels to explain")
+    elif definitions.agree(off_line, 1.0):
         holds, word, why = False, "no gap", "t(1) lay on the line, so there is no gap for the kernels to explain"
     elif definitions.agree(kernel_ratio, 1.0):
         holds, word, why = False, "within the noise band", (

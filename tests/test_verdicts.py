@@ -344,6 +344,22 @@ def test_on_the_line_reports_either_way():
     assert off.sentence.endswith("the larger 60% above the smaller (noise band 15%).")
 
 
+def test_on_the_line_places_nothing_when_the_same_kernels_time_apart():
+    """Appendix 10's run: small-cnn's batch 1 timed 0.84 ms with oneDNN on and 0.53 ms off, the
+    same kernels both times; 0.95× the line's F + c, which alone would read "on the line"."""
+    fixed, per_row = seconds("F", 0.20e-3, "small-cnn"), seconds("c", 0.68e-3, "small-cnn")
+    t1 = seconds("t(1)", 0.84e-3, "small-cnn")
+    alone = verdicts.on_the_line(t1, fixed, per_row)
+    assert alone.word == "on the line"
+    moved = verdicts.on_the_line(t1, fixed, per_row, same_kernels=seconds("t(1)", 0.53e-3, "small-cnn"))
+    assert (moved.word, moved.holds, moved.decided) == ("not placed", False, False)
+    assert "0.84 and 0.53 ms, 58% apart" in moved.sentence
+    steady = verdicts.on_the_line(t1, fixed, per_row, same_kernels=seconds("t(1)", 0.80e-3, "small-cnn"))
+    assert steady.word == "on the line"
+    with pytest.raises(Incomparable):
+        verdicts.on_the_line(t1, fixed, per_row, same_kernels=seconds("t(1)", 0.8e-3, "resnet18"))
+
+
 def test_on_the_line_at_the_bands_edge_says_a_re_run_may_flip_it():
     """01's run: small-cnn's t(1) 0.676 ms against F + c 0.778 ms, 15.1 % apart, printed as "15%
     above ... (noise band 15%)" and called off the line."""
@@ -995,7 +1011,7 @@ def capacity_of(model: str, value: float):
 def test_no_more_throughput_holds_within_the_band_and_fails_beyond():
     assert verdicts.no_more_throughput(capacity_of("greedy", 362.0), capacity_of("timer", 370.0))
     full = capacity_of("greedy", 362.0)      # greedy's batches full: the two run one schedule
-    assert "shows the setup, not the wait" in verdicts.no_more_throughput(full, capacity_of("timer", 359.0)).sentence
+    assert "tests the setup, not the wait" in verdicts.no_more_throughput(full, capacity_of("timer", 359.0)).sentence
     part = measurement("capacity", "greedy", 362.0, "requests/s", (362.0, 362.0), 3, dict(full.where),
                        {"mean_batch": 20.0})
     assert "not the wait" not in verdicts.no_more_throughput(part, capacity_of("timer", 359.0)).sentence
@@ -1403,6 +1419,7 @@ def test_kernels_point_the_way_of_the_gap_in_either_direction():
     assert verdicts.kernels_point_the_way("m", 1.4, 0.74).word == "points the other way"
     assert verdicts.kernels_point_the_way("resnet18", 1.09, 0.73).word == "within the noise band"
     assert verdicts.kernels_point_the_way("m", 1.4, 1.05).word == "no gap"
+    assert verdicts.kernels_point_the_way("m", 1.4, 1.3, placed=False).word == "not placed"
 
 
 def test_compared_does_not_rank_two_records_whose_repeats_are_not_told_apart():
