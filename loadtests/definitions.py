@@ -438,6 +438,13 @@ def queue_wait_s(arrived_s: float, launched_s: float) -> float:
 # -- comparing measurements ----------------------------------------------------------------------
 
 
+def value_gap(a: float, b: float) -> float:
+    """How far apart two positive values are: the larger over the smaller, less one. Symmetric,
+    so neither value is the reference; it is what :func:`agree` holds to the band, and what a
+    sentence prints as "the larger N% above the smaller"."""
+    return max(a, b) / min(a, b) - 1.0
+
+
 def agree(a: float, b: float, band: float = NOISE_BAND) -> bool:
     """Whether two positive measurements of one quantity are the same number within ``band``.
 
@@ -445,7 +452,7 @@ def agree(a: float, b: float, band: float = NOISE_BAND) -> bool:
     whatever the last bit of its float product says).
     """
     _positive(a=a, b=b)
-    return max(a, b) / min(a, b) - 1.0 <= band + 1e-9
+    return value_gap(a, b) <= band + 1e-9
 
 
 def indistinguishable(range_a: tuple[float, float], range_b: tuple[float, float],

@@ -115,7 +115,7 @@ class Ledger:
                              "agreement or a contradiction.")
             elif (chance := definitions.chance_apart(before.repeats, record.repeats)) > definitions.CHANCE_LEVEL:
                 notes.append(f"{record.quantity} of {record.model} differs from {entry.notebook}'s by "
-                             f"{max(before.value, record.value) / min(before.value, record.value) - 1:.0%} and their "
+                             f"{definitions.value_gap(before.value, record.value):.0%} and their "
                              f"ranges over the repeats miss each other: {before.describe()} there; now "
                              f"{record.describe()}. But {before.repeats} repeats against {record.repeats} of one and "
                              f"the same measurement fall apart like that {chance:.0%} of the time by chance alone, "

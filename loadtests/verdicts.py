@@ -361,7 +361,7 @@ def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement,
         if (same_kernels.quantity, same_kernels.model) != (t1.quantity, t1.model):
             raise Incomparable(f"need a second t(1) of {t1.model}, got {same_kernels.describe()}")
         if not definitions.agree(t1.value, same_kernels.value):
-            apart = max(t1.value, same_kernels.value) / min(t1.value, same_kernels.value) - 1
+            apart = definitions.value_gap(t1.value, same_kernels.value)
             return Verdict("batch 1 is on the cost line", False, "not placed",
                            f"On this machine this run cannot place {t1.model}'s batch 1: two timings of the same "
                            f"kernels took {t1.value * 1e3:.2f} and {same_kernels.value * 1e3:.2f} ms, {apart:.0%} "
@@ -370,7 +370,7 @@ def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement,
                            decided=False)
     holds = definitions.agree(t1.value, line)
     word = "on the line" if holds else "off the line"
-    apart = max(t1.value, line) / min(t1.value, line) - 1
+    apart = definitions.value_gap(t1.value, line)
     edge = _at_band_edge(t1.value, line)
     gap = f"{apart:.1%}" if edge else f"{apart:.0%}"
     return Verdict("batch 1 is on the cost line", holds, word,
@@ -387,7 +387,7 @@ EDGE_SHARE = 0.05
 def _at_band_edge(a: float, b: float) -> bool:
     """Whether the gap between ``a`` and ``b`` (the larger over the smaller, less one) lies within
     ``EDGE_SHARE`` of the noise band, on either side: a re-run may put it on the other side."""
-    return abs(max(a, b) / min(a, b) - 1 - definitions.NOISE_BAND) < EDGE_SHARE
+    return abs(definitions.value_gap(a, b) - definitions.NOISE_BAND) < EDGE_SHARE
 
 
 def cpu_within_wall(cpu: Measurement, wall: Measurement, source: str) -> Verdict:
@@ -1321,7 +1321,7 @@ def compared(a: Measurement, b: Measurement, a_is: str, b_is: str) -> Verdict:
            _how_apart(a, b) if not same else "")
     return Verdict("the two cannot be told apart", same, word,
                    f"{a.quantity} {a_is}: {shown[0]}, {word} {b_is}: {shown[1]}; "
-                   f"{a.value / b.value:.2f}×, the larger {max(a.value, b.value) / min(a.value, b.value) - 1:.0%} "
+                   f"{a.value / b.value:.2f}×, the larger {definitions.value_gap(a.value, b.value):.0%} "
                    f"above the smaller (noise band {definitions.NOISE_BAND:.0%}){why}.", TOLD_APART_RULE)
 
 

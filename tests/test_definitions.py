@@ -215,6 +215,11 @@ def test_device_time_saved_by_a_wait():
 # -- comparing measurements ----------------------------------------------------------------------
 
 
+def test_value_gap_is_the_larger_over_the_smaller_either_way():
+    assert d.value_gap(2.0, 3.0) == d.value_gap(3.0, 2.0) == 0.5
+    assert d.value_gap(0.84, 0.84) == 0.0
+
+
 def test_agree_within_the_noise_band():
     assert d.NOISE_BAND == 0.15
     assert d.agree(100.0, 115.0) and d.agree(115.0, 100.0)
