@@ -117,8 +117,10 @@ class LoadedModel:
     def count_refusal(self) -> None:
         self.runner.stats.requests_rejected += 1
 
-    def record_stages(self, *seconds: float) -> None:
-        self.runner.stats.stages.add(*seconds)
+    def record_stages(self, answers: list[tuple[float, ...]]) -> None:
+        add = self.runner.stats.stages.add
+        for seconds in answers:
+            add(*seconds)
 
     async def describe(self) -> dict[str, object]:
         return answers.described(self.info())

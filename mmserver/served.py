@@ -69,9 +69,9 @@ class ServedModel(Protocol):
     def count_refusal(self) -> None:
         """Another process refused an invocation as :meth:`admit` would: one rejection."""
 
-    def record_stages(self, *seconds: float) -> None:
-        """Another process encoded an answer of rows it decoded: its seconds per Triton stage
-        (``batching.stats.RequestStages.add``'s arguments), into the model's statistics."""
+    def record_stages(self, answers: list[tuple[float, ...]]) -> None:
+        """Another process encoded answers of rows it decoded: each one's seconds per Triton
+        stage (``batching.stats.RequestStages.add``'s arguments), into the model's statistics."""
 
     async def describe(self) -> dict[str, object]:
         """``GET /models/{name}``'s answer (``http.answers``)."""

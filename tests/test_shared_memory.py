@@ -7,7 +7,16 @@ import os
 import pytest
 import torch
 
-from mmserver.engine.shared import ALIGN_BYTES, INLINE, INLINE_MAX_BYTES, SHARED, Arena, pack, unpack
+from mmserver.engine.shared import (
+    ALIGN_BYTES,
+    INLINE,
+    INLINE_MAX_BYTES,
+    SHARED,
+    Arena,
+    pack,
+    unpack,
+    unpack_copies,
+)
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="no memfd_create")
 
@@ -121,5 +130,32 @@ def test_a_small_grad_or_bfloat16_tensor_rides_as_its_values():
             descriptor, offset = pack(data, arena)
             assert descriptor[0] == INLINE and offset is None
             assert torch.equal(unpack(descriptor, None, copy=True), data.detach())
+    finally:
+        arena.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool], ids=str)
+def test_a_burst_of_inline_rows_is_copied_out_as_each_would_be(dtype):
+    """One copy for a burst (``unpack_copies``): each request gets its own values and shape,
+    owned by the engine (not the message's bytes), and writing one leaves the others as they
+    were; a burst of mixed shapes or places is unpacked one by one, with the same values."""
+    arena = Arena.create("test", size=64 * 1024, inline_max_bytes=64)
+    try:
+        rows = [(torch.arange(6).reshape(1, 6) + n).to(dtype) for n in range(5)]
+        descriptors = [pack(row, arena)[0] for row in rows]
+        assert {d[0] for d in descriptors} == {INLINE}
+        out = unpack_copies(descriptors, None)
+        assert [o.dtype for o in out] == [dtype] * 5 and [o.shape for o in out] == [(1, 6)] * 5
+        assert all(torch.equal(o, row) for o, row in zip(out, rows))
+        out[0].zero_()
+        assert all(torch.equal(o, row) for o, row in zip(out[1:], rows[1:]))
+
+        large = torch.arange(40).reshape(2, 20)  # 320 bytes: in the arena, not the message
+        mixed = [rows[1], rows[2].reshape(2, 3), large]
+        descriptors = [pack(data, arena)[0] for data in mixed]
+        assert [d[0] for d in descriptors] == [INLINE, INLINE, SHARED]
+        out = unpack_copies(descriptors, arena)
+        assert [o.shape for o in out] == [(1, 6), (2, 3), (2, 20)]
+        assert all(torch.equal(o, want) for o, want in zip(out, mixed))
     finally:
         arena.close()

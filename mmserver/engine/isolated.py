@@ -257,7 +257,7 @@ class IsolatedModel:
     def count_refusal(self) -> None:
         """Nothing: no other process refuses for it (:meth:`row_codecs` is None)."""
 
-    def record_stages(self, *seconds: float) -> None:
+    def record_stages(self, answers: list[tuple[float, ...]]) -> None:
         """Nothing: no other process decodes its rows (:meth:`row_codecs` is None)."""
 
     async def model_metadata(self) -> dict[str, object]:

@@ -34,7 +34,7 @@ from mmserver.engine.messages import (
     RowsResult,
     Stages,
 )
-from mmserver.engine.shared import pack, unpack
+from mmserver.engine.shared import pack, unpack_copies
 from mmserver.errors import InvocationTimeout, MMServerError, QueueFull
 
 log = logging.getLogger(__name__)
@@ -87,9 +87,11 @@ class WorkerConnection:
             request_done(name, status, seconds, unavailable)
 
     def _stages(self, message: Stages) -> None:
-        record_stages = self.service.record_stages
+        by_model: dict[str, list[tuple[float, ...]]] = {}
         for name, *seconds in message.answers:
-            record_stages(name, *seconds)
+            by_model.setdefault(name, []).append(seconds)
+        for name, answers in by_model.items():
+            self.service.record_stages(name, answers)
 
     def _refused(self, message: Refused) -> None:
         self.service.count_refusal(message.name)
@@ -119,9 +121,8 @@ class WorkerConnection:
             model = self.service.serving(name)
             if model.generation != generation:
                 raise CodecsChanged(f"model {name!r} was loaded again")
-            incoming = channel.incoming
             requests, refusal = model.submit_rows(
-                [unpack(descriptor, incoming, copy=True) for _, descriptor in invocations],
+                unpack_copies([descriptor for _, descriptor in invocations], channel.incoming),
                 self.service.pipeline,
                 lambda position, request: self._answer_rows(request_ids[position], model,
                                                             request))

@@ -161,14 +161,14 @@ class LocalService:
             return  # unloaded since
         model.count_refusal()
 
-    def record_stages(self, name: str, *seconds: float) -> None:
-        """An answer an HTTP worker encoded, with its seconds per stage (``RequestStages.add``'s
-        arguments), into the model's Triton statistics."""
+    def record_stages(self, name: str, answers: list[tuple[float, ...]]) -> None:
+        """Answers an HTTP worker encoded, each with its seconds per stage
+        (``RequestStages.add``'s arguments), into the model's Triton statistics."""
         try:
             model = self.registry.get(name)
         except ModelNotFound:
             return  # unloaded since
-        model.record_stages(*seconds)
+        model.record_stages(answers)
 
     def count_invocation(self, name: str, status: int, seconds: float,
                          unavailable: str | None = None) -> None:
