@@ -213,13 +213,14 @@ class InvocationPipeline:
         :meth:`timed_out`'s once the caller asks); a caller that gives up cancels the future.
         Returns the queued requests and the refusal of those that were not (the last ones)."""
         deadline = asyncio.get_running_loop().time() + self.settings.model_server_timeout_seconds
-        requests, refusal = model.runner.submit_many(inputs, deadline=deadline)
-        if requests:
-            invocation = model.invocation()
+        invocation = model.invocation()
+
+        def ended(position: int, request: QueuedRequest) -> None:
+            invocation.ended()
+            answered(position, request)
+        requests, refusal = model.runner.submit_many(inputs, deadline=deadline, answered=ended)
+        if requests:  # before any can end: their futures' callbacks run in a later turn
             invocation.enter(len(requests))
-            for position, request in enumerate(requests):
-                request.future.add_done_callback(
-                    functools.partial(_ended, invocation, answered, position, request))
         return requests, refusal
 
     def timed_out(self, name: str) -> InvocationTimeout:
@@ -246,12 +247,6 @@ class Called:
 #: Step 4 of :meth:`InvocationPipeline.answer`: decoded rows and the deadline (the loop's
 #: clock) to what the model gave.
 ModelStep = Callable[[Any, float], Awaitable[Called]]
-
-
-def _ended(invocation: Any, answered: Callable[[int, QueuedRequest], None], position: int,
-           request: QueuedRequest, _: asyncio.Future) -> None:
-    invocation.ended()
-    answered(position, request)
 
 
 async def _through_runner(slot: Reservation, stats: Any, data: Any, deadline: float) -> Called:

@@ -103,9 +103,10 @@ class Instances:
             def write_every_answer() -> None:
                 write_answers()
                 for request in batch:  # a batch that died with a bug of ours is answered too
-                    answer(request, executor.stats, error=RunnerClosed(
-                        f"model {self.executors[0].name!r} failed to run this request; "
-                        "see the server log"))
+                    if not request.future.done():
+                        answer(request, executor.stats, error=RunnerClosed(
+                            f"model {self.executors[0].name!r} failed to run this request; "
+                            "see the server log"))
             done(batch, started, model_seconds, write_every_answer)
         executor.start(batch, finished)
 

@@ -14,6 +14,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from mmserver.batching.rows import batch_key, rows_of
 from mmserver.batching.sequences import token_counts
 from mmserver.batching.stats import RunnerStats
@@ -44,10 +46,11 @@ class QueuedRequest:
            concatenate: bool) -> QueuedRequest:
         """``data``'s rows, batch key and tokens, or one opaque row when requests are not
         row-wise."""
-        if concatenate:
-            return cls(data, future, arrival, rows_of(data), batch_key(data),
-                       *token_counts(data))
-        return cls(data, future, arrival, 1, None)
+        if not concatenate:
+            return cls(data, future, arrival, 1, None)
+        if type(data) is torch.Tensor and data.dim() > 0:  # the common case: no tokens
+            return cls(data, future, arrival, data.shape[0], batch_key(data))
+        return cls(data, future, arrival, rows_of(data), batch_key(data), *token_counts(data))
 
 
 def answer(request: QueuedRequest, stats: RunnerStats, *, result: Any = None,
@@ -111,24 +114,31 @@ class RequestQueue:
         """Queue ``request``; ``deadline`` on the loop's clock, or None."""
         self.put_many([request], deadline)
 
-    def put_many(self, requests: list[QueuedRequest], deadline: float | None = None) -> None:
+    def put_many(self, requests: list[QueuedRequest], deadline: float | None = None,
+                 answered: Callable[[int, QueuedRequest], None] | None = None) -> None:
         """Queue ``requests`` in order, with one deadline for all (the loop's clock, or None):
-        one timer and one change, however many arrived together."""
+        one timer and one change, however many arrived together. ``answered(position,
+        request)``, when given, runs in the queue's own callback once each one's future is
+        done, after the queue has let it go: one callback a request, not two."""
         self._stats.requests_submitted += len(requests)
         expiry = None if deadline is None else _Expiry(self, requests, deadline)
         settled = self._settled
-        for request in requests:
-            request.future.add_done_callback(functools.partial(settled, request, expiry))
+        for position, request in enumerate(requests):
+            request.future.add_done_callback(
+                functools.partial(settled, request, expiry, answered, position))
         self.requests.extend(requests)
         self._on_change()
 
     def _settled(self, request: QueuedRequest, expiry: _Expiry | None,
+                 answered: Callable[[int, QueuedRequest], None] | None, position: int,
                  future: asyncio.Future) -> None:
         if expiry is not None:
             expiry.settled()
         if future.cancelled():  # withdrawn: it leaves the queue uncomputed
             self._stats.requests_cancelled += 1
             self.remove(request)
+        if answered is not None:
+            answered(position, request)
 
     def expire(self, requests: list[QueuedRequest]) -> None:
         """Their deadline passed: those still waiting are answered with

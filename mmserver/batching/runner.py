@@ -177,7 +177,8 @@ class ModelRunner:
         """``await runner.reserve().submit(data, deadline=deadline)``."""
         return await self.reserve().submit(data, deadline=deadline)
 
-    def submit_many(self, inputs: list[Any], *, deadline: float | None = None
+    def submit_many(self, inputs: list[Any], *, deadline: float | None = None,
+                    answered: Callable[[int, QueuedRequest], None] | None = None
                     ) -> tuple[list[QueuedRequest], MMServerError | None]:
         """Requests that arrived together (one message of an HTTP worker), admitted as a
         :meth:`reserve` and ``submit`` for each in turn would admit them, with one admission
@@ -185,7 +186,8 @@ class ModelRunner:
 
         Returns the queued requests (the first ones, in order; each answer comes on its
         ``future``, and cancelling the future withdraws it) and, when some did not fit, the
-        refusal of the rest, each counted as :meth:`reserve` counts one.
+        refusal of the rest, each counted as :meth:`reserve` counts one. ``answered(position,
+        request)``: called once each queued request's future is done (``RequestQueue.put_many``).
         """
         admitted = inputs[:self._admission.room()]
         loop, concatenate = self._loop, self.concatenate
@@ -194,7 +196,7 @@ class ModelRunner:
             now = loop.time()
             requests = [QueuedRequest.of(data, loop.create_future(), now, concatenate)
                         for data in admitted]
-            self._queue.put_many(requests, deadline)
+            self._queue.put_many(requests, deadline, answered)
         refused = len(inputs) - len(requests)
         return requests, (self._admission.refused(refused) if refused else None)
 

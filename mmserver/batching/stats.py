@@ -44,23 +44,33 @@ def batch_record(taken: Sequence[Any], started: float, now: float,
     """The record of a model call from ``started`` to ``now`` on the loop's clock, over the
     requests of ``taken`` (queued requests, every one answered) that reached it (``ran``: a
     request withdrawn while its batch waited behind another call never did); None when none
-    did, as no call was made."""
-    batch = [r for r in taken if r.ran]
-    if not batch:
+    did, as no call was made. One pass over the batch: it runs after every call."""
+    rows = tokens = longest = failed = 0
+    waits: list[float] = []
+    completed_seconds = failed_seconds = 0.0
+    for request in taken:
+        if not request.ran:
+            continue
+        rows += request.rows
+        tokens += request.tokens
+        longest = max(longest, request.longest)
+        waits.append(started - request.arrival)
+        future = request.future
+        if future.cancelled():
+            continue
+        if future.exception() is None:
+            completed_seconds += now - request.arrival
+        else:
+            failed += 1
+            failed_seconds += now - request.arrival
+    if not waits:
         return None
-    answered = [r for r in batch if not r.future.cancelled()]
-    failed = [r for r in answered if r.future.exception() is not None]
-    completed = [r for r in answered if r.future.exception() is None]
     return BatchRecord(
-        rows=sum(r.rows for r in batch), requests=len(batch),
-        queue_wait_seconds=tuple(started - r.arrival for r in batch),
-        compute_seconds=now - started, failed_requests=len(failed),
-        completed_seconds=sum(now - r.arrival for r in completed),
-        failed_seconds=sum(now - r.arrival for r in failed),
-        next_call_started=next_call_started,
-        real_tokens=sum(r.tokens for r in batch),
-        padded_tokens=padded_tokens(sum(r.rows for r in batch),
-                                    max((r.longest for r in batch), default=0)))
+        rows=rows, requests=len(waits), queue_wait_seconds=tuple(waits),
+        compute_seconds=now - started, failed_requests=failed,
+        completed_seconds=completed_seconds, failed_seconds=failed_seconds,
+        next_call_started=next_call_started, real_tokens=tokens,
+        padded_tokens=padded_tokens(rows, longest))
 
 
 #: The stages of a request answered with a result, as Triton's statistics name them.
