@@ -202,7 +202,7 @@ def unpack_copies(descriptors: list[Any], arena: Arena | None) -> list[Any]:
     """``unpack(descriptor, arena, copy=True)`` of each, in one copy when every one is a tensor
     inline of the same dtype and shape (a burst of one-row requests): their bytes joined, copied
     once, and each a view of its rows. Measured with 16 rows of 16 float32: 1.1 µs a row against
-    2.2 µs for a copy each."""
+    2.7 µs for a copy each."""
     first = descriptors[0]
     if len(descriptors) > 1 and first[0] == INLINE:
         _, _, name, shape = first
