@@ -1011,10 +1011,12 @@ def capacity_of(model: str, value: float):
 def test_no_more_throughput_holds_within_the_band_and_fails_beyond():
     assert verdicts.no_more_throughput(capacity_of("greedy", 362.0), capacity_of("timer", 370.0))
     full = capacity_of("greedy", 362.0)      # greedy's batches full: the two run one schedule
-    assert "tests the setup, not the wait" in verdicts.no_more_throughput(full, capacity_of("timer", 359.0)).sentence
+    built = verdicts.no_more_throughput(full, capacity_of("timer", 359.0))
+    assert "tests the setup, not the wait" in built.sentence and built.word.endswith(", by construction")
     part = measurement("capacity", "greedy", 362.0, "requests/s", (362.0, 362.0), 3, dict(full.where),
                        {"mean_batch": 20.0})
-    assert "not the wait" not in verdicts.no_more_throughput(part, capacity_of("timer", 359.0)).sentence
+    partly = verdicts.no_more_throughput(part, capacity_of("timer", 359.0))
+    assert "not the wait" not in partly.sentence and partly.word == "bought no throughput"
     more = verdicts.no_more_throughput(capacity_of("greedy", 300.0), capacity_of("timer", 362.0))
     assert not more and more.word == "bought throughput"
     with pytest.raises(Incomparable):
@@ -1361,11 +1363,14 @@ def test_the_heap_keeps_buffers_under_the_line_only():
 
 
 def test_runners_batch_apart_needs_both_sides():
-    apart = verdicts.runners_batch_apart(4.8, 24, 1.0, 139)   # appendix 05's run
+    apart = verdicts.runners_batch_apart(4.8, 24, 0.0031, 0.0004, 139)
     assert apart.holds and "formed batches of 4.8 rows on average" in apart.sentence
-    assert not verdicts.runners_batch_apart(1.6, 24, 1.0, 139).holds   # the busy model hardly batched
-    held = verdicts.runners_batch_apart(4.8, 24, 1.4, 139)             # the lone client's requests were batched
+    assert "waited 3.10 ms" in apart.sentence and "waited 0.40 ms (shorter, beyond" in apart.sentence
+    assert not verdicts.runners_batch_apart(1.6, 24, 0.0031, 0.0004, 139).holds   # hardly batched
+    held = verdicts.runners_batch_apart(4.8, 24, 0.0031, 0.0029, 139)   # queued as long: one runner
     assert not held.holds and held.word == "did not batch apart"
+    assert "(not shorter beyond the noise band" in held.sentence
+    assert not verdicts.runners_batch_apart(4.8, 24, 0.0004, 0.0031, 139).holds   # the lone one waited longer
 
 
 def test_faulting_slows_compares_each_batch_size_with_itself():
