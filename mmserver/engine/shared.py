@@ -187,9 +187,7 @@ def unpack(descriptor: Any, arena: Arena | None, *, copy: bool) -> Any:
         return arena._tensor(offset, name, shape, copy)
     if kind == INLINE:
         _, raw, name, shape = descriptor
-        dtype, np_dtype = _DTYPES[name]
-        tensor = torch.from_numpy(np.frombuffer(raw, np_dtype or np.int16).reshape(shape).copy())
-        return tensor if np_dtype is not None else tensor.view(dtype)
+        return _inline_tensor(raw, name, shape)
     if kind == MAPPING:
         return {key: unpack(value, arena, copy=copy) for key, value in descriptor[1]}
     if kind == SEQUENCE:
@@ -207,11 +205,16 @@ def unpack_copies(descriptors: list[Any], arena: Arena | None) -> list[Any]:
     if len(descriptors) > 1 and first[0] == INLINE:
         _, _, name, shape = first
         if all(d[0] == INLINE and d[2] == name and d[3] == shape for d in descriptors):
-            dtype, np_dtype = _DTYPES[name]
-            joined = np.frombuffer(b"".join([d[1] for d in descriptors]), np_dtype or np.int16)
-            tensor = torch.from_numpy(joined.reshape((len(descriptors), *shape)).copy())
-            return list((tensor if np_dtype is not None else tensor.view(dtype)).unbind(0))
+            joined = b"".join([d[1] for d in descriptors])
+            return list(_inline_tensor(joined, name, (len(descriptors), *shape)).unbind(0))
     return [unpack(descriptor, arena, copy=True) for descriptor in descriptors]
+
+
+def _inline_tensor(raw: bytes, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """A tensor of dtype ``name`` and ``shape`` copied out of the bytes a message carried."""
+    dtype, np_dtype = _DTYPES[name]
+    tensor = torch.from_numpy(np.frombuffer(raw, np_dtype or np.int16).reshape(shape).copy())
+    return tensor if np_dtype is not None else tensor.view(dtype)
 
 
 def _as_bytes(tensor: torch.Tensor) -> np.ndarray:
