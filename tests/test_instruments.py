@@ -738,10 +738,13 @@ def test_accepted_latency_of_a_lone_probe_is_t1(overloaded):
 # -- a server of several processes: every process's CPU counted, each on its own ------------------
 
 
+WORKERS_PER_REQUEST_S = 0.010
+
+
 @pytest.fixture(scope="module")
 def served_by_workers(tmp_path_factory):
     """``--http-workers 2`` over one engine, the known-cost model with nothing to do and with
-    2 ms of CPU added per request (both at MAX_BATCH_SIZE 1), saturated by 16 closed-loop
+    10 ms of CPU added per request (both at MAX_BATCH_SIZE 1), saturated by 16 closed-loop
     clients in 3 rounds of 1 s windows (3 s per model, so a disturbed moment weighs less),
     the CPU of every process of the server counted."""
     from loadtests.device_lesson import engine_and_workers
@@ -750,7 +753,7 @@ def served_by_workers(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("workers")
     known_cost.write_model_folder(root / "plain1", fixed_seconds=0.0)
-    known_cost.write_model_folder(root / "burdened1", fixed_seconds=0.0, per_request_seconds=PER_REQUEST_S)
+    known_cost.write_model_folder(root / "burdened1", fixed_seconds=0.0, per_request_seconds=WORKERS_PER_REQUEST_S)
     args = ["--model-root", str(root), "--no-access-log", "--log-level", "WARNING", "--http-workers", "2",
             "--max-batch-size", "1", "--max-wait-ms", "0", "--max-queue-size", "64"]
     for name in ("plain1", "burdened1"):
@@ -766,16 +769,20 @@ def served_by_workers(tmp_path_factory):
 
 
 def test_t_http_counts_every_process_of_http_workers(served_by_workers):
-    """The 2 ms of CPU added per request is recovered from all the server's processes together,
-    from 15 % under to 35 % over (the spin and the server's threads share two cores with the
-    clients here, unpinned); each process's part is kept and the parts sum to the whole; the
+    """The 10 ms of CPU added per request is recovered from all the server's processes together,
+    from 10 % under to 25 % over; each process's part is kept and the parts sum to the whole; the
     engine's part alone is less than the whole. Counting one process alone loses what the
-    others spent."""
+    others spent. The surplus is the server's own: the spin runs in the engine's codec threads
+    and holds the interpreter lock, so its loop thread waits and switches around it, and the
+    workers, answered more slowly, amortise less per message. With 2 ms added it was +13 % to
+    +47 % over ten runs on a 2-core machine (about 0.3 ms plus 8 % of the spin), too wide to
+    tell a lost process from noise; with 10 ms, +7 % to +13 % over nine."""
     runs, processes = served_by_workers
     assert "engine" in processes and len(processes) >= 3      # the engine, the parent and two workers
     plain, burdened = instruments.t_http(runs["plain1"]), instruments.t_http(runs["burdened1"])
     added = burdened.value - plain.value
-    assert 0.85 * PER_REQUEST_S <= added <= 1.35 * PER_REQUEST_S, (plain.describe(), burdened.describe())
+    assert 0.90 * WORKERS_PER_REQUEST_S <= added <= 1.25 * WORKERS_PER_REQUEST_S, (plain.describe(),
+                                                                                 burdened.describe())
     assert plain.where["processes"] == len(processes) and plain.where["cpu_of"] == "all"
     for run in runs.values():
         for window in run.windows:
