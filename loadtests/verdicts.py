@@ -822,7 +822,8 @@ def served_the_offered(served_rps: Mapping[str, Sequence[float]], offered_rps: S
     """Whether every runner served what was offered at every rate, within the noise band
     (``served_rps[name][i]`` against ``offered_rps[i]``, the same arrivals sent to each). Below
     the ceiling a runner serves at most what arrives, so this finds only a runner that fell
-    short: a backlog that grew, or requests lost."""
+    short: a backlog that grew. A request that failed never reaches it: ``instruments.open_loop``
+    waits on every answer and raises the first failure."""
     short = [(name, offered, served) for name, rates in served_rps.items()
              for served, offered in zip(rates, offered_rps, strict=True)
              if not definitions.agree(served, offered)]
@@ -1153,7 +1154,8 @@ def no_more_throughput(greedy: Measurement, waiting: Measurement) -> Verdict:
     at most the noise band above greedy's (``instruments.capacity`` of two copies under the same
     conditions). It does not hold when the wait served more beyond the band. Where greedy's
     batches were already full (its mean batch within the band of max_batch_size), the word says
-    "by construction": a full batch is always queued, so the timer's clock never starts."""
+    "by construction": a full batch is always queued, so every batch runs full before any
+    MAX_WAIT runs out, under either policy."""
     _need(greedy, "capacity")
     comparable(greedy, waiting)
     holds = waiting.value <= (1 + definitions.NOISE_BAND) * greedy.value
@@ -1167,8 +1169,8 @@ def no_more_throughput(greedy: Measurement, waiting: Measurement) -> Verdict:
                    f"({'not ' if holds else ''}beyond the noise band of {definitions.NOISE_BAND:.0%} above it); "
                    f"greedy's batches already held {greedy.observed.get('mean_batch', '?')} of "
                    f"{greedy.where.get('max_batch_size', '?')} rows"
-                   + ("; a full batch is always already queued, so timer's clock never starts: this comparison tests the "
-                      "setup, not the wait."
+                   + ("; a full batch is always already queued, so every batch runs full before MAX_WAIT runs out: "
+                      "this comparison tests the setup, not the wait."
                       if holds and full else "."))
 
 
@@ -1662,7 +1664,8 @@ def zipf_fits(counts: Sequence[int], exponent: float, sigmas: float = 3.0) -> tu
                     sentence), fitted, error)
 
 
-def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float, placed: bool = True) -> Verdict:
+def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float, placed: bool = True,
+                          noise_gap: float | None = None) -> Verdict:
     """Whether batch 1's kind of kernel points the way t(1) lies off the cost line (appendix 10).
 
     ``kernel_ratio``: batch 2's time with oneDNN off (batch 1's kind of kernel, PyTorch's own)
@@ -1671,12 +1674,20 @@ def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float, plac
     faster ones a t(1) below it. A match is a direction, not an account: batch 2's change of
     kernel need not cost what batch 1's does. Within the noise band either number says nothing.
     ``placed``: False where :func:`on_the_line` could not place t(1) (its own timings moved
-    beyond the band): then there is no gap to explain either way.
+    beyond the band): then there is no gap to explain either way, and ``noise_gap`` (how far
+    apart those two timings of the same kernels lay, as ``definitions.value_gap``) says
+    whether the kernel ratio itself lies within what the run's noise did to one kind of kernel.
     """
+    said = (f"with oneDNN off, batch 2 ran batch 1's kind of kernel and took {kernel_ratio:.2f}× its time with "
+            f"oneDNN on, and t(1) was {off_line:.2f}× the line's F + c")
     if not placed:
+        within = noise_gap is not None and definitions.value_gap(kernel_ratio, 1.0) <= noise_gap
         holds, word, why = False, "not placed", (
-            "this run could not place t(1) against the line (two timings of its kernels differed beyond the noise "
-            "band), so there is no gap for the kernels to explain")
+            "this run could not place t(1) against the line (two timings of its kernels differed "
+            + (f"by {noise_gap:.0%}, " if noise_gap is not None else "")
+            + "beyond the noise band), so there is no gap for the kernels to explain"
+            + ("; and the change of kernel moved batch 2 no further than that noise moved one kind of kernel, so "
+               "this run does not credit it to the kernels either" if within else ""))
     elif definitions.agree(off_line, 1.0):
         holds, word, why = False, "no gap", "t(1) lay on the line, so there is no gap for the kernels to explain"
     elif definitions.agree(kernel_ratio, 1.0):
@@ -1693,9 +1704,7 @@ def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float, plac
         holds, word, why = False, "points the other way", (
             "the change of kernel points the other way from the gap, so it does not account for it")
     return Verdict("batch 1's kernels point the way its gap does", holds, word,
-                   f"{model}: with oneDNN off, batch 2 ran batch 1's kind of kernel and took {kernel_ratio:.2f}× its "
-                   f"time with oneDNN on, and t(1) was {off_line:.2f}× the line's F + c; {why} "
-                   f"(noise band {definitions.NOISE_BAND:.0%}).")
+                   f"{model}: {said}; {why} (noise band {definitions.NOISE_BAND:.0%}).")
 
 
 #: Threads whose Python work the GIL runs one after the other occupy about one core at once; up

@@ -1427,6 +1427,17 @@ def test_kernels_point_the_way_of_the_gap_in_either_direction():
     assert verdicts.kernels_point_the_way("m", 1.4, 1.3, placed=False).word == "not placed"
 
 
+def test_a_kernel_ratio_within_the_runs_own_noise_is_not_credited_to_the_kernels():
+    """Appendix 10's run: small-cnn's two timings of the same kernels lay 52 % apart, and batch 2
+    took 1.39× with oneDNN off; the sentence had set the 1.39× out as the kernels' effect. A
+    ratio beyond that noise is not discounted."""
+    within = verdicts.kernels_point_the_way("small-cnn", 1.39, 0.84, placed=False, noise_gap=0.52)
+    assert within.word == "not placed" and not within.holds
+    assert "differed by 52%" in within.sentence and "does not credit it to the kernels" in within.sentence
+    beyond = verdicts.kernels_point_the_way("small-cnn", 1.8, 0.84, placed=False, noise_gap=0.52)
+    assert "does not credit" not in beyond.sentence and "differed by 52%" in beyond.sentence
+
+
 def test_compared_does_not_rank_two_records_whose_repeats_are_not_told_apart():
     """08's run: t_http 260 µs (247-268) against 204 µs (182-247), three repeats each: 1.27x,
     but the ranges touch."""
