@@ -1310,6 +1310,27 @@ def beats_serial(served: Measurement, t_http: Measurement, call_s: float, batch_
                    decided=apart or not holds)
 
 
+def overlap_can_show(ceiling_rps: float, t_http: Measurement, call_s: float, batch_size: float) -> Verdict:
+    """Whether a run leaves room for :func:`beats_serial` to show the overlap: the most one process
+    could serve, the lower of the device's ceiling and one core's ``1 / t_http``, lies beyond
+    ``(1 + NOISE_BAND)²`` times the serial estimate. A served rate must clear the band above the
+    estimate while itself falling short of its cap by up to the band; with less room a run can
+    pass or fail ``beats_serial`` by noise alone, so the verdict is reported, not asserted."""
+    _need(t_http, "t_http")
+    band = definitions.NOISE_BAND
+    limit = definitions.serial_limit_rps(t_http.value, call_s, batch_size)
+    core_rps = 1 / t_http.value
+    cap = min(ceiling_rps, core_rps)
+    holds = cap > (1 + band) ** 2 * limit
+    return Verdict("the run leaves room to show the overlap", holds, "room" if holds else "no room",
+                   f"At {t_http.model} the most one process could serve, the lower of the device's ceiling "
+                   f"({ceiling_rps:.0f}/s) and one core's 1 / t_http ({core_rps:.0f}/s), is {cap / limit:.2f}× the serial "
+                   f"estimate {limit:.0f}/s, " + ("beyond" if holds else "within") + f" the noise band twice over "
+                   f"({(1 + band) ** 2:.2f}×): " + (
+                       "room to tell the loop's work overlapping the device's call from the two taking turns." if holds else
+                       "too little room to tell the two apart, so the comparison below is reported, not asserted."))
+
+
 def compared(a: Measurement, b: Measurement, a_is: str, b_is: str) -> Verdict:
     """Two records of one quantity, ``a`` against ``b``: more, fewer, or not told apart (within
     the noise band, or :func:`_told_apart` fails over their repeats; then it holds: the two

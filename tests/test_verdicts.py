@@ -1120,6 +1120,21 @@ def test_beats_serial_only_beyond_the_band():
     assert beats.decided
 
 
+def test_the_overlap_is_asserted_only_where_the_run_leaves_room_to_show_it():
+    """08's run at the V100's own speed: ceiling 1070/s, t_http 429 µs, t(32) 29.9 ms, so the
+    serial estimate is 733/s and the cap 1.46× it, room to show the overlap. Twenty times
+    faster: one core's 1 / t_http (2717/s) caps it at 1.155× the 2352/s estimate, within the band
+    twice over, where a quick run failed the assert by noise alone."""
+    slow = measurement("t_http", "sim-x1", 429e-6, "s", (409e-6, 458e-6), 3, {"clock": "cpu"})
+    room = verdicts.overlap_can_show(1070.0, slow, 0.0299, 32.0)
+    assert room.holds and "1.46×" in room.sentence and "beyond the noise band twice over (1.32×)" in room.sentence
+    fast = measurement("t_http", "sim-div20", 368e-6, "s", (355e-6, 386e-6), 3, {"clock": "cpu"})
+    none = verdicts.overlap_can_show(18855.0, fast, 21.3 * 57.7e-6, 21.3)
+    assert not none.holds and "(2717/s)" in none.sentence and "reported, not asserted" in none.sentence
+    with pytest.raises(verdicts.Incomparable):
+        verdicts.overlap_can_show(1070.0, measurement("served", "m", 1.0, "1/s", (1.0, 1.0), 1, {}), 0.03, 32.0)
+
+
 def test_beats_serial_says_when_the_ranges_overlap():
     """08's run: 5149 requests/s against an estimate of 4001/s (1.29x, a check mark), while the
     served rate ran 4010-6208/s and t_http's range put the estimate at 3300-4630/s."""
