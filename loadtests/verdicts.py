@@ -1154,19 +1154,19 @@ def no_more_throughput(greedy: Measurement, waiting: Measurement) -> Verdict:
     at most the noise band above greedy's (``instruments.capacity`` of two copies under the same
     conditions). It does not hold when the wait served more beyond the band. Where greedy's
     batches were already full (its mean batch within the band of max_batch_size), the word says
-    "by construction": a full batch is always queued, so every batch runs full before any
-    MAX_WAIT runs out, under either policy."""
+    "as the full batches show": a full batch is always queued, so every batch runs full before
+    any MAX_WAIT runs out, under either policy."""
     _need(greedy, "capacity")
     comparable(greedy, waiting)
     holds = waiting.value <= (1 + definitions.NOISE_BAND) * greedy.value
     mean_batch, b = greedy.observed.get("mean_batch"), greedy.where.get("max_batch_size")
     full = isinstance(mean_batch, (int, float)) and isinstance(b, int) and definitions.agree(mean_batch, b)
-    word = ("bought no throughput, by construction" if holds and full else
+    word = ("bought no throughput, as the full batches show" if holds and full else
             "bought no throughput" if holds else "bought throughput")
     return Verdict("saturated, the wait buys no throughput", holds, word,
                    f"Saturated, the wait {word}: {waiting.model} served {waiting.value:.0f} requests/s against "
                    f"{greedy.model}'s {greedy.value:.0f}, {waiting.value / greedy.value:.2f}× "
-                   f"({'not ' if holds else ''}beyond the noise band of {definitions.NOISE_BAND:.0%} above it); "
+                   f"({'within' if holds else 'beyond'} the {definitions.NOISE_BAND:.0%} noise band above it); "
                    f"greedy's batches already held {greedy.observed.get('mean_batch', '?')} of "
                    f"{greedy.where.get('max_batch_size', '?')} rows"
                    + ("; a full batch is always already queued, so every batch runs full before MAX_WAIT runs out: "

@@ -1012,13 +1012,15 @@ def test_no_more_throughput_holds_within_the_band_and_fails_beyond():
     assert verdicts.no_more_throughput(capacity_of("greedy", 362.0), capacity_of("timer", 370.0))
     full = capacity_of("greedy", 362.0)      # greedy's batches full: the two run one schedule
     built = verdicts.no_more_throughput(full, capacity_of("timer", 359.0))
-    assert "tests the setup, not the wait" in built.sentence and built.word.endswith(", by construction")
+    assert "tests the setup, not the wait" in built.sentence and built.word.endswith(", as the full batches show")
+    assert "within the 15% noise band above it" in built.sentence
     part = measurement("capacity", "greedy", 362.0, "requests/s", (362.0, 362.0), 3, dict(full.where),
                        {"mean_batch": 20.0})
     partly = verdicts.no_more_throughput(part, capacity_of("timer", 359.0))
     assert "not the wait" not in partly.sentence and partly.word == "bought no throughput"
     more = verdicts.no_more_throughput(capacity_of("greedy", 300.0), capacity_of("timer", 362.0))
     assert not more and more.word == "bought throughput"
+    assert "beyond the 15% noise band above it" in more.sentence
     with pytest.raises(Incomparable):
         verdicts.no_more_throughput(point("p50", 0.04), capacity_of("timer", 362.0))
 
