@@ -33,6 +33,13 @@ what this machine's cores could serve at one process's CPU per request, server a
 generator together, the most any number of workers could serve here if the split cost
 nothing.
 
+Closed-loop users are not the same load for two servers that answer at different speeds: a
+fixed population of clients spreads over every place a request can wait (an HTTP worker's loop,
+the socket to the engine, the engine's queue), so fewer of them sit in the engine's queue when
+the device frees. So each server also meets the same *open-loop* load, ``.npy`` rows at each
+rate of :data:`OPEN_RATES_PER_SECOND` (the same seeded Poisson arrivals for every server,
+``harness.open_loop``), and the summary compares the mean batches at each rate.
+
 Usage: python bench/device_efficiency.py [--seconds 5] [--http-workers 1,2];
 ``MMSERVER_QUICK=1`` shrinks it.
 """
@@ -40,6 +47,7 @@ Usage: python bench/device_efficiency.py [--seconds 5] [--http-workers 1,2];
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -47,6 +55,7 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +87,11 @@ NAME = "gpu"
 SLOW_FACTOR = 3
 SLOW_NAME = f"gpu-x{SLOW_FACTOR}"
 SLOW_WIRE = f"npy, t x{SLOW_FACTOR}"
+#: The open-loop rates each server meets with ``.npy`` rows: below what two workers answer
+#: beside the aiohttp generator on two cores (about 2,200 requests/s here), so neither server
+#: falls behind its arrivals and both windows serve what was offered.
+OPEN_RATES_PER_SECOND = (500, 1000, 1500)
+OPEN_WIRE = "npy"
 #: Each model served, and how many times the fast device's times its own are.
 TIME_SCALE = {NAME: 1, SLOW_NAME: SLOW_FACTOR}
 
@@ -103,16 +117,17 @@ def wires(base: str) -> dict[str, tuple[str, str, bytes, dict[str, str]]]:
     return found
 
 
-def window(server: ServerProcess, model: str, url: str, body: bytes, headers: dict[str, str],
-           users: int, seconds: float, engine_pid: int) -> dict[str, float]:
+def window(server: ServerProcess, model: str, drive: Callable[[], dict[str, float]],
+           engine_pid: int) -> dict[str, float]:
+    """One window of ``drive`` (the load generator, run to its end) against ``server``: the
+    generator's numbers and what the server reports over the same seconds."""
     tree = [psutil.Process(server.process.pid), *psutil.Process(
         server.process.pid).children(recursive=True)]
     engine = next(p for p in tree if p.pid == engine_pid)
     before, cpu_before = scrape_metrics(server.url), _cpu(tree)
     engine_before = _cpu([engine])
     started = time.perf_counter()
-    result = harness.closed_loop(url, body, headers["Content-Type"], headers=headers,
-                                 connections=users, seconds=seconds)
+    result = drive()
     wall = time.perf_counter() - started
     after, cpu_after, engine_after = scrape_metrics(server.url), _cpu(tree), _cpu([engine])
 
@@ -156,19 +171,30 @@ def measure(tmp: str, folder: Path, workers: int, seconds: float) -> dict[tuple[
         if workers > 1:
             wait_for_http_workers(server.url, workers, WORKER_HEADER)
         engine_pid = _engine_pid(server)
-        for wire, (model, url, body, headers) in wires(server.url).items():
+        found = wires(server.url)
+        for wire, (model, url, body, headers) in found.items():
             harness.closed_loop(url, body, headers["Content-Type"], headers=headers,
                                 connections=8, seconds=0.5)
             for users in (USER_COUNTS[-1],) if wire == SLOW_WIRE else USER_COUNTS:
-                r = window(server, model, url, body, headers, users, seconds, engine_pid)
-                if r["non_2xx"]:
-                    raise RuntimeError(f"{wire}: {r['non_2xx']} answers were not 2xx")
-                results[wire, users] = r
-                print(f"{workers:7d} {wire:10s} {users:5d} {r['rps']:8.0f} {r['p50_ms']:7.2f} "
-                      f"{r['mean_batch']:10.1f} {r['efficiency']:10.2f} "
-                      f"{r['cpu_us_per_request']:14.0f} {r['engine_us_per_request']:14.0f} "
-                      f"{r['load_us_per_request']:12.0f}", flush=True)
+                r = results[wire, users] = window(server, model, functools.partial(
+                    harness.closed_loop, url, body, headers["Content-Type"], headers=headers,
+                    connections=users, seconds=seconds), engine_pid)
+                _print_row(workers, wire, str(users), r)
+        model, url, body, headers = found[OPEN_WIRE]
+        for rate in OPEN_RATES_PER_SECOND:
+            r = results["open", rate] = window(server, model, functools.partial(
+                harness.open_loop, url, body, headers, rate, seconds), engine_pid)
+            _print_row(workers, f"{OPEN_WIRE} open", f"{rate}/s", r)
     return results
+
+
+def _print_row(workers: int, wire: str, load: str, r: dict[str, float]) -> None:
+    if r["non_2xx"]:
+        raise RuntimeError(f"{wire} at {load}: {r['non_2xx']} answers were not 2xx")
+    print(f"{workers:7d} {wire:10s} {load:>6s} {r['rps']:8.0f} {r['p50_ms']:7.2f} "
+          f"{r['mean_batch']:10.2f} {r['efficiency']:10.2f} "
+          f"{r['cpu_us_per_request']:14.0f} {r['engine_us_per_request']:14.0f} "
+          f"{r['load_us_per_request']:12.0f}", flush=True)
 
 
 def main() -> None:
@@ -187,8 +213,9 @@ def main() -> None:
         print(f"simulated device (not a real GPU): t(b) = {FIXED_SECONDS * 1e3:g} ms + "
               f"b x {PER_ROW_SECONDS * 1e3:.5f} ms; one process on core {harness.SERVER_CPU}, "
               f"N workers on every core; {harness.generator_name()} on core {harness.LOAD_CPU}, "
-              f"{args.seconds:g} s per window")
-        print(f"{'workers':>7s} {'wire':10s} {'users':>5s} {'req/s':>8s} {'p50 ms':>7s} "
+              f"{args.seconds:g} s per window; load: closed-loop users, or an aiohttp open loop's "
+              "offered rate")
+        print(f"{'workers':>7s} {'wire':10s} {'load':>6s} {'req/s':>8s} {'p50 ms':>7s} "
               f"{'mean batch':>10s} "
               f"{'efficiency':>10s} {'CPU us/req':>14s} {'engine us/req':>14s} "
               f"{'load us/req':>12s}")
@@ -198,6 +225,12 @@ def main() -> None:
         print(f"\n{count} HTTP workers ÷ {counts[0]}, measured in this run:")
         for wire, users in base:
             one, many = base[wire, users], runs[count][wire, users]
+            if wire == "open":
+                print(f"  {OPEN_WIRE:10s} open loop at {users}/s: mean batch {one['mean_batch']:.2f} -> "
+                      f"{many['mean_batch']:.2f} ({many['mean_batch'] / one['mean_batch']:.2f}x), "
+                      f"served {one['rps']:.0f} and {many['rps']:.0f}/s, p50 {one['p50_ms']:.2f} -> "
+                      f"{many['p50_ms']:.2f} ms")
+                continue
             if users == 1:
                 print(f"  {wire:10s} at 1 user: p50 {one['p50_ms']:.2f} ms -> "
                       f"{many['p50_ms']:.2f} ms, {many['p50_ms'] - one['p50_ms']:+.2f} ms "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import re
 import shutil
 import statistics
@@ -155,11 +156,26 @@ def _wrk(url, body, headers, users, seconds) -> dict[str, float]:
 
 
 def _aiohttp(url, body, headers, users, seconds) -> dict[str, float]:
+    return _generator({"url": url, "headers": headers, "users": users, "seconds": seconds}, body)
+
+
+def open_loop(url: str, body: bytes, headers: dict[str, str], rate_per_second: float,
+              seconds: float) -> dict[str, float]:
+    """One open-loop window: ``body`` POSTed at Poisson arrivals of ``rate_per_second`` for
+    ``seconds``, each request sent when it is due whether or not earlier ones were answered
+    (the same seeded arrivals every call, so two servers meet the same load). Returns
+    ``rps`` (answers over the window until the last answer), ``p50_ms``, ``p99_ms`` and
+    ``non_2xx``. An aiohttp process of its own on the load core, as :func:`latency_window`'s."""
+    return _generator({"url": url, "headers": headers, "rate": rate_per_second,
+                       "seconds": seconds}, body)
+
+
+def _generator(window: dict, body: bytes) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         body_file = Path(tmp) / "body"
         body_file.write_bytes(body)
-        window = {"url": url, "body_file": str(body_file), "headers": headers, "users": users,
-                  "seconds": seconds}
+        window = {**window, "body_file": str(body_file)}
+        seconds = window["seconds"]
         out = subprocess.run(
             [*taskset_prefix(LOAD_CPU), sys.executable, __file__, json.dumps(window)],
             capture_output=True, text=True, check=True, timeout=seconds + GENERATOR_GRACE_SECONDS)
@@ -169,6 +185,42 @@ def _aiohttp(url, body, headers, users, seconds) -> dict[str, float]:
 #: How long the aiohttp generator's process may take beyond its window: its start-up (this
 #: file imports torch) and the last requests' answers.
 GENERATOR_GRACE_SECONDS = 60
+
+
+#: The seed of :func:`open_loop`'s arrivals.
+OPEN_LOOP_SEED = 7
+
+
+async def _open_loop_window(url, body, headers, rate, seconds) -> dict[str, float]:
+    import aiohttp
+
+    latencies, non_2xx, running = [], 0, set()
+    arrivals = random.Random(OPEN_LOOP_SEED)
+
+    async def request(session):
+        nonlocal non_2xx
+        started = time.perf_counter()
+        async with session.post(url, data=body, headers=headers) as response:
+            await response.read()
+        latencies.append(time.perf_counter() - started)
+        non_2xx += response.status >= 300
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        began = due = time.perf_counter()
+        while (due := due + arrivals.expovariate(rate)) < began + seconds:
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            task = asyncio.create_task(request(session))
+            running.add(task)
+            task.add_done_callback(running.discard)
+        await asyncio.gather(*running)
+        wall = time.perf_counter() - began
+    return _summary(latencies, wall, non_2xx)
+
+
+def _summary(latencies: list[float], wall_s: float, non_2xx: int) -> dict[str, float]:
+    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
+    return {"rps": len(latencies) / wall_s, "p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3,
+            "non_2xx": non_2xx, "requests": len(latencies)}
 
 
 async def _aiohttp_window(url, body, headers, users, seconds) -> dict[str, float]:
@@ -188,9 +240,7 @@ async def _aiohttp_window(url, body, headers, users, seconds) -> dict[str, float
     began, cpu_began = time.perf_counter(), time.process_time()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=users)) as session:
         await asyncio.gather(*(user(session) for _ in range(users)))
-    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
-    return {"rps": len(latencies) / (time.perf_counter() - began), "p50_ms": q[49] * 1e3,
-            "p99_ms": q[98] * 1e3, "non_2xx": non_2xx, "requests": len(latencies),
+    return {**_summary(latencies, time.perf_counter() - began, non_2xx),
             "cpu_seconds": time.process_time() - cpu_began}
 
 
@@ -220,6 +270,9 @@ if __name__ == "__main__":  # one window of the aiohttp generator, as _aiohttp r
 
     spec = json.loads(sys.argv[1])
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        result = runner.run(_aiohttp_window(spec["url"], Path(spec["body_file"]).read_bytes(),
-                                            spec["headers"], spec["users"], spec["seconds"]))
+        body = Path(spec["body_file"]).read_bytes()
+        result = runner.run(
+            _open_loop_window(spec["url"], body, spec["headers"], spec["rate"], spec["seconds"])
+            if "rate" in spec else
+            _aiohttp_window(spec["url"], body, spec["headers"], spec["users"], spec["seconds"]))
     print(json.dumps(result))
