@@ -371,7 +371,7 @@ def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement,
     holds = definitions.agree(t1.value, line)
     word = "on the line" if holds else "off the line"
     apart = definitions.value_gap(t1.value, line)
-    edge = _at_band_edge(t1.value, line)
+    edge = at_band_edge(t1.value, line)
     gap = f"{apart:.1%}" if edge else f"{apart:.0%}"
     return Verdict("batch 1 is on the cost line", holds, word,
                    f"On this machine {t1.model}'s batch 1 is {word}: t(1) = {t1.value * 1e3:.2f} ms against the "
@@ -384,7 +384,7 @@ def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement,
 EDGE_SHARE = 0.05
 
 
-def _at_band_edge(a: float, b: float) -> bool:
+def at_band_edge(a: float, b: float) -> bool:
     """Whether the gap between ``a`` and ``b`` (the larger over the smaller, less one) lies within
     ``EDGE_SHARE`` of the noise band, on either side: a re-run may put it on the other side."""
     return abs(definitions.value_gap(a, b) - definitions.NOISE_BAND) < EDGE_SHARE
@@ -450,7 +450,7 @@ def passes_on(served: Measurement, model_gain: Measurement) -> Verdict:
     off = served.value / model_gain.value - 1
     if definitions.agree(served.value, model_gain.value):
         word, why = "passed on", f"within the noise band ({definitions.NOISE_BAND:.0%})" + (
-            "; near its edge, so a re-run may land outside it." if _at_band_edge(served.value, model_gain.value)
+            "; near its edge, so a re-run may land outside it." if at_band_edge(served.value, model_gain.value)
             else ".")
     elif not _told_apart(served, model_gain):
         word = "cannot be told apart from passing on"
@@ -1153,9 +1153,9 @@ def no_more_throughput(greedy: Measurement, waiting: Measurement) -> Verdict:
     """Whether, saturated, a MAX_WAIT served no more than greedy: the waiting setting's capacity
     at most the noise band above greedy's (``instruments.capacity`` of two copies under the same
     conditions). It does not hold when the wait served more beyond the band. Where greedy's
-    batches were already full (its mean batch within the band of max_batch_size), the word says
-    "as the full batches show": a full batch is always queued, so every batch runs full before
-    any MAX_WAIT runs out, under either policy."""
+    batches were already full on average (its mean batch within the band of max_batch_size), the
+    word says "as the full batches show": a full batch was queued at nearly every call, so
+    batches ran full before any MAX_WAIT ran out, under either policy."""
     _need(greedy, "capacity")
     comparable(greedy, waiting)
     holds = waiting.value <= (1 + definitions.NOISE_BAND) * greedy.value
@@ -1168,8 +1168,8 @@ def no_more_throughput(greedy: Measurement, waiting: Measurement) -> Verdict:
                    f"{greedy.model}'s {greedy.value:.0f}, {waiting.value / greedy.value:.2f}× "
                    f"({'within' if holds else 'beyond'} the {definitions.NOISE_BAND:.0%} noise band above it); "
                    f"greedy's batches already held {greedy.observed.get('mean_batch', '?')} of "
-                   f"{greedy.where.get('max_batch_size', '?')} rows"
-                   + ("; a full batch is always already queued, so every batch runs full before MAX_WAIT runs out: "
+                   f"{greedy.where.get('max_batch_size', '?')} rows on average"
+                   + ("; a full batch was queued at nearly every call, so batches ran full before MAX_WAIT ran out: "
                       "this comparison tests the setup, not the wait."
                       if holds and full else "."))
 
@@ -1283,11 +1283,15 @@ def _measured_at(t_http: Measurement) -> str:
     return "" if batch is None else f", measured at batches of {batch:g} rows"
 
 
-def beats_serial(served: Measurement, t_http: Measurement, call_s: float, batch_size: float) -> Verdict:
+def beats_serial(served: Measurement, t_http: Measurement, call_s: float, batch_size: float, *,
+                 room: bool = True) -> Verdict:
     """Whether the server served more than a runner that starts a call only after the loop has
     taken the last one's answers would: above ``serial_limit_rps(t_http, t(b), b)`` beyond the
     noise band (the loop's work overlapped the device's call). ``b`` is the run's mean batch,
-    ``call_s`` the device's call at it: the batches the run formed, not the cap."""
+    ``call_s`` the device's call at it: the batches the run formed, not the cap. ``room``:
+    :func:`overlap_can_show`'s answer for the run; without room (one core's ``1 / t_http`` near
+    the estimate) a rate above the estimate neither shows nor rules out the overlap, and the
+    sentence says so instead of calling it consistent with overlapping."""
     _need(t_http, "t_http")
     if served.quantity not in ("served", "capacity"):
         raise Incomparable(f"need a served rate or a capacity, got {served.quantity!r}")
@@ -1304,7 +1308,9 @@ def beats_serial(served: Measurement, t_http: Measurement, call_s: float, batch_
                    f"{served.model} served {served.value:.0f} requests/s, {served.value / limit:.2f}× the serial "
                    f"estimate 1 / (t_http + t(b)/b) = {limit:.0f}/s at its mean batch b = {batch_size:.1f} rows (noise band "
                    f"{definitions.NOISE_BAND:.0%}): "
-                   + ("consistent with the loop's work overlapping the device's call." if holds else
+                   + ("consistent with the loop's work overlapping the device's call." if holds and room else
+                      "with the server's own core as the cap, this neither shows nor rules out the loop's work "
+                      "overlapping the device's call." if not room else
                       "the loop's work did not clearly overlap the device's call.")
                    + (ranges if served.repeats > 1 or t_http.repeats > 1 else ""),
                    decided=apart or not holds)

@@ -1117,6 +1117,9 @@ def test_beats_serial_only_beyond_the_band():
         fast, seconds("t_http", 155e-6, "sim"), 1.2e-3, 21.5).sentence
     slow = measurement("served", "sim", 900.0, "requests/s", (900.0, 900.0), 3, {"clock": "wall"})
     assert not verdicts.beats_serial(slow, t_http, 0.0294, 32)
+    capped = verdicts.beats_serial(served, t_http, 0.0294, 32, room=False)   # the same rates, no room
+    assert capped.holds and "neither shows nor rules out" in capped.sentence
+    assert "consistent with" not in capped.sentence and "consistent with" in beats.sentence
     with pytest.raises(Incomparable):
         verdicts.beats_serial(t_http, t_http, 0.0294, 32)
     assert beats.decided
@@ -1740,3 +1743,11 @@ def test_passing_the_gain_on_near_the_bands_edge_says_a_rerun_may_differ():
                                                  "outside it.")
     clear = verdicts.passes_on(gain("served gain", 4.6), gain("speedup over t(1)", 4.48))
     assert clear.holds and "edge" not in clear.sentence
+
+
+def test_a_gap_at_the_noise_bands_edge_is_told_from_one_clear_of_it():
+    """08's shared device: A's share by t(b), 24.64 % greedy against 21.41 % waiting, lies 15.1 %
+    apart, a hair past the 15 % band, where a re-run may decide the other way."""
+    assert verdicts.at_band_edge(0.2464, 0.2141) and verdicts.at_band_edge(0.2141, 0.2464)
+    assert not verdicts.at_band_edge(0.30, 0.2141)      # 40 % apart: clear of the edge
+    assert not verdicts.at_band_edge(0.2141, 0.2141)    # the same: clear of it too
