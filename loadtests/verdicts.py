@@ -1289,9 +1289,10 @@ def beats_serial(served: Measurement, t_http: Measurement, call_s: float, batch_
     taken the last one's answers would: above ``serial_limit_rps(t_http, t(b), b)`` beyond the
     noise band (the loop's work overlapped the device's call). ``b`` is the run's mean batch,
     ``call_s`` the device's call at it: the batches the run formed, not the cap. ``room``:
-    :func:`overlap_can_show`'s answer for the run; without room (one core's ``1 / t_http`` near
-    the estimate) a rate above the estimate neither shows nor rules out the overlap, and the
-    sentence says so instead of calling it consistent with overlapping."""
+    :func:`overlap_can_show`'s answer for the run; without room (the lower of the device's
+    ceiling and one core's ``1 / t_http`` near the estimate) a rate above the estimate neither
+    shows nor rules out the overlap, and the sentence says so instead of calling it consistent
+    with overlapping."""
     _need(t_http, "t_http")
     if served.quantity not in ("served", "capacity"):
         raise Incomparable(f"need a served rate or a capacity, got {served.quantity!r}")
@@ -1309,7 +1310,7 @@ def beats_serial(served: Measurement, t_http: Measurement, call_s: float, batch_
                    f"estimate 1 / (t_http + t(b)/b) = {limit:.0f}/s at its mean batch b = {batch_size:.1f} rows (noise band "
                    f"{definitions.NOISE_BAND:.0%}): "
                    + ("consistent with the loop's work overlapping the device's call." if holds and room else
-                      "with the server's own core as the cap, this neither shows nor rules out the loop's work "
+                      "with too little room below the run's cap, this neither shows nor rules out the loop's work "
                       "overlapping the device's call." if not room else
                       "the loop's work did not clearly overlap the device's call.")
                    + (ranges if served.repeats > 1 or t_http.repeats > 1 else ""),
