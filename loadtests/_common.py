@@ -25,8 +25,8 @@ Request names (rows of locust's statistics):
     a 503 "queue full" answer (type ``QueueFull``), for scenarios where shedding
     is the expected outcome of the offered load (open loop, overload): counted,
     not a failure. A 503 for another reason (``EngineUnavailable``,
-    ``ReplicaUnavailable``, ``ModelStillLoading``, ``ModelUnhealthy``) is a
-    failure whose message names its type.
+    ``ReplicaUnavailable``, ``ModelStillLoading``, ``ModelUnhealthy``, ``ShuttingDown``) is
+    a failure whose message names its type.
 ``invoke <model> (model unloaded)``
     a 404 from a model the churn user has just unloaded.
 """

@@ -30,6 +30,8 @@ class Unavailable(enum.StrEnum):
     ENGINE_UNAVAILABLE = "engine_unavailable"
     #: On a Ray cluster: the replica given the request died before it answered, twice.
     REPLICA_UNAVAILABLE = "replica_unavailable"
+    #: SIGTERM: the server is draining its models and will not serve this request.
+    SHUTTING_DOWN = "shutting_down"
 
 
 class MMServerError(Exception):
@@ -191,3 +193,11 @@ def summarize_error(error: BaseException) -> str:
     if last.startswith(prefix):
         last = last[len(prefix):]
     return last[:MAX_ERROR_MESSAGE_CHARS]
+
+
+class ShuttingDown(RetryLater):
+    """SIGTERM has begun to drain the models: a request that had not reached its model's
+    queue by then is refused, not answered 404, since the model is still loaded on the
+    instance that will replace this one (SageMaker and load balancers retry a 503 there)."""
+
+    unavailable = Unavailable.SHUTTING_DOWN

@@ -54,7 +54,7 @@ class Metrics:
         self.unavailable = self.per_model_metric(
             Counter, "mmserver_requests_unavailable",
             "Invocations answered 503, by reason: queue_full (load shed), unhealthy, loading, "
-            "engine_unavailable, replica_unavailable.", ("model", "reason"))
+            "engine_unavailable, replica_unavailable, shutting_down.", ("model", "reason"))
         self.latency = self.per_model_metric(
             Histogram, "mmserver_request_latency_seconds",
             "Invocation latency from request to response.", buckets=LATENCY_BUCKETS)

@@ -107,6 +107,8 @@ class ModelRegistry:
         self._on_unloaded = on_unloaded
         self._on_restart = on_restart
         self._on_failed = on_failed
+        #: Set when :meth:`close` begins (SIGTERM): the models are draining for good.
+        self.closing = False
 
     # -- loading -------------------------------------------------------------
 
@@ -278,6 +280,7 @@ class ModelRegistry:
 
     async def close(self, drain_timeout: float | None = None) -> None:
         """Unload everything (on shutdown), answering accepted requests first."""
+        self.closing = True
         await asyncio.gather(*(self.unload(m.name, drain_timeout) for m in self.ready()),
                              return_exceptions=True)
         if self.requirements is not None:

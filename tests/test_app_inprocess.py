@@ -71,3 +71,23 @@ def test_openapi_lists_exactly_the_routes_the_app_serves():
     documented = {(method.upper(), path) for path, item in document["paths"].items()
                   for method in item if method != "parameters"}
     assert documented == {(route.method, route.path) for route in ROUTES}
+
+
+def test_once_shutdown_drains_the_models_an_invocation_is_503_not_404(app):
+    """A request that reaches the server after SIGTERM began the drain finds its model gone:
+    it is told to retry elsewhere (503 with Retry-After), not that the model does not exist,
+    which a client would not retry. An unload asked for by a client stays 404."""
+    from mmserver.http.app import SERVICE
+
+    service = app.client.server.app[SERVICE]
+    assert app.unload("preloaded")[0] == 200
+    assert_error(app.request("POST", "/models/preloaded/invoke", b"[[1]]",
+                             {"Content-Type": "application/json"}), 404, "ModelNotFound")
+    assert app.load("again", service.settings.preload[0][1])[0] == 200
+    app.loop.run_until_complete(service.registry.close(drain_timeout=5))
+    answer = app.request("POST", "/models/again/invoke", b"[[1]]",
+                         {"Content-Type": "application/json"})
+    assert_error(answer, 503, "ShuttingDown")
+    assert answer[1]["Retry-After"] == "1"
+    assert app.request("POST", "/v2/models/again/infer", json.dumps({"inputs": [
+        {"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}))[0] == 503

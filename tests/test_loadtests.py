@@ -211,7 +211,7 @@ def test_only_a_full_queues_503_is_shed():
     assert errors.QueueFull.unavailable == errors.Unavailable.QUEUE_FULL
     assert is_shed(503, "QueueFull")
     for other in (errors.EngineUnavailable, errors.ReplicaUnavailable, errors.ModelStillLoading,
-                  errors.ModelUnhealthy):
+                  errors.ModelUnhealthy, errors.ShuttingDown):
         assert not is_shed(503, other.__name__)
     assert not is_shed(503, None) and not is_shed(500, "QueueFull")
 

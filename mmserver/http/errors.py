@@ -48,6 +48,7 @@ STATUS_BY_ERROR: dict[type[BaseException], int] = {
     errors.ModelUnhealthy: 503,
     errors.ReplicaUnavailable: 503,
     errors.EngineUnavailable: 503,
+    errors.ShuttingDown: 503,
     errors.InvocationTimeout: 504,
     errors.LoadTimeout: 504,
     errors.InsufficientResources: 507,

@@ -10,7 +10,8 @@ in a child process of this one (``engine.isolated``): its operations go there, a
 metrics are merged into this process's. A model whose process died and could not load
 it again (or, under ``--http-workers``, that killed the engine as it loaded) is
 *failed* (:attr:`LocalService.failed`): described with the reason, invoked 404 with it,
-until it is loaded again or deleted.
+until it is loaded again or deleted. Once SIGTERM has begun to drain the models, an
+invocation that has not reached its model's queue is refused 503 (``ShuttingDown``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable
 
 from mmserver.config import Settings
 from mmserver.engine.journal import Failure
-from mmserver.errors import ModelNotFound
+from mmserver.errors import MMServerError, ModelNotFound, RunnerClosed, ShuttingDown
 from mmserver.handler.folder import RowCodecs
 from mmserver.http import answers
 from mmserver.http.requests import SINGLE_MODEL_NAME
@@ -30,6 +31,9 @@ from mmserver.pipeline import Answer, InvocationPipeline
 from mmserver.registry import ModelRegistry
 from mmserver.served import ServedModel
 from mmserver.wires import ToolkitHeaders, V2Headers
+
+#: What a request refused during shutdown reads.
+SHUTTING_DOWN_MESSAGE = "the server is shutting down; send the request to another instance"
 
 
 class LocalService:
@@ -64,18 +68,21 @@ class LocalService:
         self.failed[name] = Failure(url, reason)
         self.on_change()
 
-    def _not_loaded(self, name: str) -> ModelNotFound:
-        """The 404 of a model that is not loaded, with the reason when it failed."""
+    def _not_serving(self, name: str) -> MMServerError:
+        """Why model ``name`` does not serve: once shutdown has begun, 503 (the model is
+        draining, not missing); else 404, with the reason when it failed."""
+        if self.registry.closing:
+            return ShuttingDown(SHUTTING_DOWN_MESSAGE)
         failure = self.failed.get(name)
         why = f": {failure.reason}" if failure is not None else ""
         return ModelNotFound(f"model {name!r} is not loaded{why}")
 
     def serving(self, name: str) -> ServedModel:
-        """The model ``name`` while it serves; else 404, with the reason when it failed."""
+        """The model ``name`` while it serves; else :meth:`_not_serving`'s error."""
         try:
             return self.registry.get(name)
         except ModelNotFound:
-            raise self._not_loaded(name) from None
+            raise self._not_serving(name) from None
 
     async def row_codecs(self, name: str) -> RowCodecs | None:
         """How another process may decode model ``name``'s requests into rows and encode its
@@ -113,7 +120,13 @@ class LocalService:
 
     async def invoke(self, name: str, headers: ToolkitHeaders | V2Headers, call: Call
                      ) -> Answer:
-        return await self.serving(name).invoke(headers, call, self.pipeline)
+        model = self.serving(name)
+        try:
+            return await model.invoke(headers, call, self.pipeline)
+        except RunnerClosed:
+            if self.registry.closing:  # reached the queue after the drain: not a missing model
+                raise ShuttingDown(SHUTTING_DOWN_MESSAGE) from None
+            raise
 
     async def status(self, name: str) -> ModelStatus:
         return self.registry.info(name).status
