@@ -399,14 +399,21 @@ def _per_round(times: CallTimes, formula: Callable[[Sequence[float]], float]) ->
     return value, _spread([formula(r) for r in times.rounds] + [value])
 
 
+def _round_by_round(times: CallTimes, formula: Callable[[Sequence[float]], float]) -> tuple[float, ...]:
+    """``formula`` of each round's medians: a record's samples, paired round by round with
+    another record of the same timings (``verdicts.on_the_line`` divides them pass by pass)."""
+    return tuple(formula(r) for r in times.rounds)
+
+
 def call_time(times: CallTimes, batch_size: int) -> Measurement:
     """``t(b)``: the *measured* median seconds of one call on ``batch_size`` rows (never the
     line's value: a batch of one may lie off the line, and a model fed the line's t(1) predicts
-    a batching-off server that does not exist). Tolerance: as :func:`time_calls`."""
+    a batching-off server that does not exist), with each round's median as a sample.
+    Tolerance: as :func:`time_calls`."""
     i = times._index(batch_size)
     value, spread = _per_round(times, lambda s: s[i])
     return measurement(f"t({batch_size})", times.model, value, "s", spread, len(times.rounds),
-                       times.conditions())
+                       times.conditions(), samples=_round_by_round(times, lambda s: s[i]))
 
 
 def _line(times: CallTimes, seconds: Sequence[float]) -> tuple[float, float]:
@@ -414,14 +421,16 @@ def _line(times: CallTimes, seconds: Sequence[float]) -> tuple[float, float]:
 
 
 def cost_line(times: CallTimes) -> tuple[Measurement, Measurement]:
-    """``(F, c)`` of ``t(b) = F + c·b`` through ``definitions.FIT_BATCH_SIZES`` (2, 4, 8).
-    Tolerance: within 10 % of a chosen linear t(b) on the simulated device (F and c of the
-    order of milliseconds)."""
+    """``(F, c)`` of ``t(b) = F + c·b`` through ``definitions.FIT_BATCH_SIZES`` (2, 4, 8), with
+    each round's line as samples. Tolerance: within 10 % of a chosen linear t(b) on the
+    simulated device (F and c of the order of milliseconds)."""
     fixed, fixed_spread = _per_round(times, lambda s: _line(times, s)[0])
     per_row, per_row_spread = _per_round(times, lambda s: _line(times, s)[1])
     where = times.conditions(fit_sizes=definitions.FIT_BATCH_SIZES)
-    return (measurement("F", times.model, fixed, "s", fixed_spread, len(times.rounds), where),
-            measurement("c", times.model, per_row, "s", per_row_spread, len(times.rounds), where))
+    return (measurement("F", times.model, fixed, "s", fixed_spread, len(times.rounds), where,
+                        samples=_round_by_round(times, lambda s: _line(times, s)[0])),
+            measurement("c", times.model, per_row, "s", per_row_spread, len(times.rounds), where,
+                        samples=_round_by_round(times, lambda s: _line(times, s)[1])))
 
 
 def out_of_order(times: CallTimes) -> list[tuple[int, int]]:

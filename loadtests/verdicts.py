@@ -352,7 +352,13 @@ def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement,
     ``same_kernels``: the same one-row call timed a second time on the very same kernels
     (appendix 10: with oneDNN off, where batch 1 runs none of oneDNN's). Where the two timings
     differ beyond the noise band, the run's own noise is wider than any gap it could report,
-    and the verdict places the call on neither side ("not placed", not decided)."""
+    and the verdict places the call on neither side ("not placed", not decided).
+
+    Off the line by the medians, the verdict also asks the passes: where the three records kept
+    their rounds (``instruments.call_time``, ``instruments.cost_line``), each pass's ``t(1)``
+    over its own ``F + c``. A pass ratio that reaches into the band, or past 1, leaves the side
+    unsettled ("unsettled", not decided): the line moves from pass to pass as much as ``t(1)``
+    does, and the medians alone would call a gap that the passes do not all show."""
     if t1.quantity != "t(1)":
         raise Incomparable(f"need the measured t(1), got {t1.quantity!r}")
     comparable(fixed, per_row, same_quantity=False)
@@ -369,15 +375,37 @@ def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement,
                            f"F + c = {line * 1e3:.2f} ms ({t1.value / line:.2f}×) lies within the run's own noise.",
                            decided=False)
     holds = definitions.agree(t1.value, line)
+    ratio = t1.value / line
+    passes = _pass_ratios(t1, fixed, per_row)
+    if not holds and passes:
+        near = min(passes) if ratio > 1 else max(passes)   # the pass nearest the line
+        if (near > 1) != (ratio > 1) or definitions.agree(near, 1.0):
+            return Verdict("batch 1 is on the cost line", False, "unsettled",
+                           f"On this machine this run cannot place {t1.model}'s batch 1: by the medians t(1) = "
+                           f"{t1.value * 1e3:.2f} ms is {ratio:.2f}× the line's F + c = {line * 1e3:.2f} ms, but pass "
+                           f"by pass t(1) over that pass's F + c ran {min(passes):.2f}–{max(passes):.2f}×, reaching "
+                           f"{'past 1' if (near > 1) != (ratio > 1) else 'into the noise band'} "
+                           f"({definitions.NOISE_BAND:.0%}), so the passes do not say on which side it lies.",
+                           decided=False)
     word = "on the line" if holds else "off the line"
     apart = definitions.value_gap(t1.value, line)
     edge = at_band_edge(t1.value, line)
     gap = f"{apart:.1%}" if edge else f"{apart:.0%}"
+    each = (f"; pass by pass {min(passes):.2f}–{max(passes):.2f}×, every one beyond the band"
+            if passes and not holds else "")
     return Verdict("batch 1 is on the cost line", holds, word,
                    f"On this machine {t1.model}'s batch 1 is {word}: t(1) = {t1.value * 1e3:.2f} ms against the "
-                   f"line's F + c = {line * 1e3:.2f} ms, {t1.value / line:.2f}×, the larger {gap} above the "
-                   f"smaller (noise band {definitions.NOISE_BAND:.0%})"
+                   f"line's F + c = {line * 1e3:.2f} ms, {ratio:.2f}×, the larger {gap} above the "
+                   f"smaller (noise band {definitions.NOISE_BAND:.0%}){each}"
                    + ("; at the band's edge, so a re-run may put it on the other side." if edge else "."))
+
+
+def _pass_ratios(t1: Measurement, fixed: Measurement, per_row: Measurement) -> tuple[float, ...]:
+    """Each pass's ``t(1) / (F + c)``, where the three records kept the same passes; else ()."""
+    rounds = {len(r.samples) for r in (t1, fixed, per_row)}
+    if len(rounds) != 1 or rounds == {0}:
+        return ()
+    return tuple(t / (f + c) for t, f, c in zip(t1.samples, fixed.samples, per_row.samples))
 
 
 #: How close to the noise band a gap must lie for a reported verdict to say a re-run may flip it.
@@ -1381,14 +1409,16 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
     """Q(c)'s answer, by the reader's criteria and no others.
 
     ``points``: one per setting and offered load, each ``{"p99": ..., "served share": ...,
-    "shed": n}``: the p99 and the served share (``definitions.served_share``) over the point's
-    repeats (``instruments.over_repeats`` of ``instruments.sweep_point``'s records) and the
-    requests it shed. ``default``: the label (:func:`setting_label`) of the setting a reader
-    runs when nothing says otherwise.
+    "shed": n, "sent": rps}``: the p99 and the served share (``definitions.served_share``) over
+    the point's repeats (``instruments.over_repeats`` of ``instruments.sweep_point``'s records),
+    the requests it shed and the median rate the load generator sent. ``default``: the label
+    (:func:`setting_label`) of the setting a reader runs when nothing says otherwise.
 
     1. A setting *holds* the budget at a load when its p99 is within ``budget_s`` in every
-       repeat (the highest of its range) and it shed nothing there: a setting that broke the
-       budget in one run of two is not one to recommend for it.
+       repeat (the highest of its range), it shed nothing there, and the load reached it: the
+       rate sent is not below the offered one beyond the noise band. A setting that broke the
+       budget in one run of two is not one to recommend for it, nor one whose slow answers held
+       the generator's users back, so that it was judged at a load it never received.
     2. The candidates hold it at the highest load any setting holds it.
     3. Among them, the largest served share at the next load up (the share of what reached the
        server that it answered: not the served rate, which counts each run's own random
@@ -1416,7 +1446,9 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
         raise Incomparable(f"points of different models: {sorted(models)}")
 
     def holds_at(point) -> bool:
-        return point["p99"].spread[1] <= budget_s and point["shed"] == 0
+        offered = point["p99"].where["offered_rps"]
+        received = point["sent"] >= offered or definitions.agree(point["sent"], offered)
+        return point["p99"].spread[1] <= budget_s and point["shed"] == 0 and received
 
     held = {label: max((load for load, point in at.items() if holds_at(point)), default=None)
             for label, at in by_setting.items()}
@@ -1702,18 +1734,20 @@ def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float, plac
     faster ones a t(1) below it. A match is a direction, not an account: batch 2's change of
     kernel need not cost what batch 1's does. Within the noise band either number says nothing.
     ``placed``: False where :func:`on_the_line` could not place t(1) (its own timings moved
-    beyond the band): then there is no gap to explain either way, and ``noise_gap`` (how far
-    apart those two timings of the same kernels lay, as ``definitions.value_gap``) says
-    whether the kernel ratio itself lies within what the run's noise did to one kind of kernel.
+    beyond the band, or its passes did not agree on the side): then there is no gap to explain
+    either way, and ``noise_gap`` (how far apart two timings of the same kernels lay, as
+    ``definitions.value_gap``; None when that was not the reason) says whether the kernel
+    ratio itself lies within what the run's noise did to one kind of kernel.
     """
     said = (f"with oneDNN off, batch 2 ran batch 1's kind of kernel and took {kernel_ratio:.2f}× its time with "
             f"oneDNN on, and t(1) was {off_line:.2f}× the line's F + c")
     if not placed:
         within = noise_gap is not None and definitions.value_gap(kernel_ratio, 1.0) <= noise_gap
         holds, word, why = False, "not placed", (
-            "this run could not place t(1) against the line (two timings of its kernels differed "
-            + (f"by {noise_gap:.0%}, " if noise_gap is not None else "")
-            + "beyond the noise band), so there is no gap for the kernels to explain"
+            "this run could not place t(1) against the line ("
+            + (f"two timings of its kernels differed by {noise_gap:.0%}, beyond the noise band"
+               if noise_gap is not None else "its passes did not agree on which side of the line it lies")
+            + "), so there is no gap for the kernels to explain"
             + ("; and the change of kernel moved batch 2 no further than that noise moved one kind of kernel, so "
                "this run does not credit it to the kernels either" if within else ""))
     elif definitions.agree(off_line, 1.0):

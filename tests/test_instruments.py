@@ -881,3 +881,17 @@ def test_out_of_order_names_a_larger_batch_timed_faster():
     steady = instruments.CallTimes("resnet18", "wall", 1, (1, 2, 4, 8, 16),
                                    (0.0126, 0.02347, 0.0312, 0.0542, 0.08287), ((0.0126,) * 5,))
     assert instruments.out_of_order(steady) == []
+
+
+def test_call_times_and_the_line_keep_each_pass_so_a_verdict_can_pair_them():
+    """``verdicts.on_the_line`` divides each pass's t(1) by that pass's F + c: the records must
+    keep the passes in one order, each pass's own value (not the medians')."""
+    rounds = ((0.020, 0.024, 0.038, 0.066), (0.022, 0.020, 0.032, 0.056))
+    times = instruments.CallTimes("m", "cpu", 1, (1, 2, 4, 8), (0.021, 0.022, 0.035, 0.061), rounds)
+    t1 = instruments.call_time(times, 1)
+    fixed, per_row = instruments.cost_line(times)
+    assert t1.samples == (0.020, 0.022)
+    lines = [definitions.fit_cost_line((1, 2, 4, 8), r) for r in rounds]
+    assert fixed.samples == pytest.approx([f for f, _ in lines])
+    assert per_row.samples == pytest.approx([c for _, c in lines])
+    assert fixed.samples[0] != pytest.approx(fixed.samples[1])   # the passes' own lines differ

@@ -5,6 +5,7 @@ Among the records: the counterexamples a skeptical reading of the notebooks foun
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 import sys
 
@@ -358,6 +359,32 @@ def test_on_the_line_places_nothing_when_the_same_kernels_time_apart():
     assert steady.word == "on the line"
     with pytest.raises(Incomparable):
         verdicts.on_the_line(t1, fixed, per_row, same_kernels=seconds("t(1)", 0.8e-3, "resnet18"))
+
+
+def passes(quantity: str, samples: tuple[float, ...], model: str = "resnet18"):
+    """A record of ``quantity`` with each pass's value kept, its value the median pass's."""
+    return measurement(quantity, model, sorted(samples)[len(samples) // 2], "s", (min(samples), max(samples)),
+                       len(samples), {"clock": "cpu"}, samples=samples)
+
+
+def test_off_the_line_by_the_medians_needs_every_pass_off_it_too():
+    """07's run: resnet18's t(1) 21.1 ms against F + c 16.7 ms (1.26×) by the medians, with F
+    moving 3.2-12.5 ms between passes: a pass whose own line nearly meets its t(1) leaves the
+    side unsettled; passes all beyond the band keep it off the line."""
+    t1 = passes("t(1)", (19.8e-3, 21.1e-3, 23.4e-3))
+    per_row = passes("c", (7.0e-3, 7.0e-3, 7.0e-3))
+    mixed = verdicts.on_the_line(t1, passes("F", (12.5e-3, 9.7e-3, 3.2e-3)), per_row)
+    assert (mixed.word, mixed.holds, mixed.decided) == ("unsettled", False, False)
+    assert "pass by pass t(1) over that pass's F + c ran 1.02–2.29×, reaching into the noise band" in mixed.sentence
+    steady = verdicts.on_the_line(t1, passes("F", (9.5e-3, 9.7e-3, 9.6e-3)), per_row)
+    assert (steady.word, steady.decided) == ("off the line", True)
+    assert "pass by pass 1.20–1.41×, every one beyond the band" in steady.sentence, steady.sentence
+    crossed = verdicts.on_the_line(t1, passes("F", (14.0e-3, 9.7e-3, 3.2e-3)), per_row)
+    assert crossed.word == "unsettled" and "reaching past 1" in crossed.sentence
+    alone = verdicts.on_the_line(dataclasses.replace(t1, samples=()), passes("F", (12.5e-3, 9.7e-3, 3.2e-3)), per_row)
+    assert alone.word == "off the line"   # no passes kept: the medians decide, as before
+    unplaced = verdicts.kernels_point_the_way("resnet18", 2.15, 1.26, placed=False)
+    assert "its passes did not agree on which side of the line it lies" in unplaced.sentence
 
 
 def test_on_the_line_at_the_bands_edge_says_a_re_run_may_flip_it():
@@ -1177,16 +1204,17 @@ def test_compared_says_when_one_run_each_was_ranked_by_the_band_alone():
 
 
 def sweep_point(policy: str, b: int, wait_ms: float, load: float, p99_ms: float, served: float,
-                shed: int = 0, spread: float = 0.0):
+                shed: int = 0, spread: float = 0.0, sent: float | None = None):
     """A point whose runs answered ``served`` requests/s of the ``load`` that reached it: its
-    served share ``served / load`` (``spread`` in requests/s)."""
+    served share ``served / load`` (``spread`` in requests/s); the generator sent ``sent``
+    requests/s (the offered load when not given)."""
     where = {"policy": policy, "max_batch_size": b, "max_wait_ms": wait_ms, "offered_rps": load, "clock": "wall"}
     share = min(1.0, served / load)
     return {"p99": measurement("p99", "resnet18", p99_ms / 1e3, "s", (p99_ms / 1e3, p99_ms / 1e3), 2, where),
             "served share": measurement("served share", "resnet18", share, "share",
                                         (min(1.0, (served - spread) / load), min(1.0, (served + spread) / load)),
                                         2, where),
-            "shed": shed}
+            "shed": shed, "sent": load if sent is None else sent}
 
 
 DEFAULT = "greedy 16"
@@ -1209,6 +1237,20 @@ def test_a_setting_that_broke_the_budget_in_one_repeat_does_not_hold_it():
     timer = sweep_point("timer", 16, 10, 363, 84, 365)
     verdict = verdicts.choose_setting([greedy, timer], 0.120, DEFAULT)
     assert verdict.holds and verdict.sentence.startswith("For p99 ≤ 120 ms, run: timer 16 / 10 ms")
+
+
+def test_a_setting_judged_at_a_load_it_never_received_does_not_hold_it():
+    """07's table sent less than it offered wherever slow answers held locust's users back: a
+    p99 within the budget at 93 requests/s offered but 57 sent says nothing of 93. Within the
+    noise band of the offered rate (Poisson runs of a few seconds) the load counts as sent."""
+    behind = sweep_point("timer", 16, 20, 200, 60, 120, sent=120)
+    greedy = [sweep_point("greedy", 16, 0, 100, 40, 100), sweep_point("greedy", 16, 0, 200, 140, 200)]
+    timer_low = sweep_point("timer", 16, 20, 100, 50, 100)
+    verdict = verdicts.choose_setting([*greedy, timer_low, behind], 0.100, DEFAULT)
+    assert verdict.holds and "held p99 ≤ 100 ms up to 100 requests/s" in verdict.sentence, verdict.sentence
+    close = sweep_point("timer", 16, 20, 200, 60, 180, sent=180)   # 10 % short: within the band
+    verdict = verdicts.choose_setting([*greedy, timer_low, close], 0.100, DEFAULT)
+    assert verdict.sentence.startswith("For p99 ≤ 100 ms, run: timer 16 / 20 ms (held p99 ≤ 100 ms up to 200")
 
 
 def test_the_budget_is_printed_as_set_not_rounded_up():
@@ -1339,7 +1381,8 @@ def test_a_tie_is_not_ranked_by_each_run_s_own_arrivals():
                  "offered_rps": load, "failures": 0, "shed_503": 0, "requests": 1000, "model": "resnet18",
                  "p50_ms": p99_ms / 2, "p99_ms": p99_ms, "achieved_rps": rate, "sent_rps": rate} for rate in served]
         records = [row_point(row) for row in rows]
-        return {q: over_repeats([r[q] for r in records]) for q in ("p99", "served share")} | {"shed": 0}
+        return {q: over_repeats([r[q] for r in records]) for q in ("p99", "served share")} | {
+            "shed": 0, "sent": statistics.median(served)}
 
     points = [point("timer", 70, 156, 150, (155, 157)), point("greedy", 0, 156, 110, (154, 158)),
               point("timer", 70, 221, 400, (231, 234)), point("greedy", 0, 221, 300, (206, 224))]
