@@ -383,9 +383,10 @@ def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement,
             return Verdict("batch 1 is on the cost line", False, "unsettled",
                            f"On this machine this run cannot place {t1.model}'s batch 1: by the medians t(1) = "
                            f"{t1.value * 1e3:.2f} ms is {ratio:.2f}× the line's F + c = {line * 1e3:.2f} ms, but pass "
-                           f"by pass t(1) over that pass's F + c ran {min(passes):.2f}–{max(passes):.2f}×, reaching "
-                           f"{'past 1' if (near > 1) != (ratio > 1) else 'into the noise band'} "
-                           f"({definitions.NOISE_BAND:.0%}), so the passes do not say on which side it lies.",
+                           f"by pass t(1) over that pass's F + c ran {min(passes):.2f}–{max(passes):.2f}×, "
+                           + ("crossing 1" if (near > 1) != (ratio > 1) else
+                              f"reaching into the noise band ({definitions.NOISE_BAND:.0%})")
+                           + ", so the passes do not say on which side of the line it lies.",
                            decided=False)
     word = "on the line" if holds else "off the line"
     apart = definitions.value_gap(t1.value, line)
