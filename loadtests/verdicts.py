@@ -1747,7 +1747,7 @@ def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float, plac
         holds, word, why = False, "not placed", (
             "this run could not place t(1) against the line ("
             + (f"two timings of its kernels differed by {noise_gap:.0%}, beyond the noise band"
-               if noise_gap is not None else "its passes did not agree on which side of the line it lies")
+               if noise_gap is not None else "not every pass put it beyond the noise band on one side of the line")
             + "), so there is no gap for the kernels to explain"
             + ("; and the change of kernel moved batch 2 no further than that noise moved one kind of kernel, so "
                "this run does not credit it to the kernels either" if within else ""))
