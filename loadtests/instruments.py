@@ -394,15 +394,15 @@ def time_calls(model, row_shape: Sequence[int], max_batch_size: int, *, clock: s
                      tuple(tuple(r) for r in per_round))
 
 
-def _per_round(times: CallTimes, formula: Callable[[Sequence[float]], float]) -> tuple[float, tuple[float, float]]:
-    value = formula(times.medians)
-    return value, _spread([formula(r) for r in times.rounds] + [value])
-
-
 def _round_by_round(times: CallTimes, formula: Callable[[Sequence[float]], float]) -> tuple[float, ...]:
     """``formula`` of each round's medians: a record's samples, paired round by round with
     another record of the same timings (``verdicts.on_the_line`` divides them pass by pass)."""
     return tuple(formula(r) for r in times.rounds)
+
+
+def _per_round(times: CallTimes, formula: Callable[[Sequence[float]], float]) -> tuple[float, tuple[float, float]]:
+    value = formula(times.medians)
+    return value, _spread([*_round_by_round(times, formula), value])
 
 
 def call_time(times: CallTimes, batch_size: int) -> Measurement:

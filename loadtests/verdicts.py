@@ -379,12 +379,13 @@ def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement,
     passes = _pass_ratios(t1, fixed, per_row)
     if not holds and passes:
         near = min(passes) if ratio > 1 else max(passes)   # the pass nearest the line
-        if (near > 1) != (ratio > 1) or definitions.agree(near, 1.0):
+        crossed = (near > 1) != (ratio > 1)
+        if crossed or definitions.agree(near, 1.0):
             return Verdict("batch 1 is on the cost line", False, "unsettled",
                            f"On this machine this run cannot place {t1.model}'s batch 1: by the medians t(1) = "
                            f"{t1.value * 1e3:.2f} ms is {ratio:.2f}× the line's F + c = {line * 1e3:.2f} ms, but pass "
                            f"by pass t(1) over that pass's F + c ran {min(passes):.2f}–{max(passes):.2f}×, "
-                           + ("crossing 1" if (near > 1) != (ratio > 1) else
+                           + ("crossing 1" if crossed else
                               f"reaching into the noise band ({definitions.NOISE_BAND:.0%})")
                            + ", so the passes do not say on which side of the line it lies.",
                            decided=False)
@@ -1447,8 +1448,7 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
         raise Incomparable(f"points of different models: {sorted(models)}")
 
     def holds_at(point) -> bool:
-        offered = point["p99"].where["offered_rps"]
-        received = point["sent"] >= offered or definitions.agree(point["sent"], offered)
+        received = not _exceeds(point["p99"].where["offered_rps"], point["sent"])
         return point["p99"].spread[1] <= budget_s and point["shed"] == 0 and received
 
     held = {label: max((load for load, point in at.items() if holds_at(point)), default=None)
