@@ -393,11 +393,15 @@ def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement,
     apart = definitions.value_gap(t1.value, line)
     edge = at_band_edge(t1.value, line)
     gap = f"{apart:.1%}" if edge else f"{apart:.0%}"
-    each = (f"; pass by pass {min(passes):.2f}–{max(passes):.2f}×, every one beyond the band"
-            if passes and not holds else "")
+    each = ""
+    if passes and not holds:
+        each = (f"; pass by pass, each t(1) over its own pass's F + c, {min(passes):.2f}–{max(passes):.2f}×, every "
+                "one beyond the band")
+        if not min(passes) <= ratio <= max(passes):
+            each += " (the two medians come from different passes, so their ratio need not lie among the passes')"
     return Verdict("batch 1 is on the cost line", holds, word,
-                   f"On this machine {t1.model}'s batch 1 is {word}: t(1) = {t1.value * 1e3:.2f} ms against the "
-                   f"line's F + c = {line * 1e3:.2f} ms, {ratio:.2f}×, the larger {gap} above the "
+                   f"On this machine {t1.model}'s batch 1 is {word}: by the medians, t(1) = {t1.value * 1e3:.2f} ms "
+                   f"against the line's F + c = {line * 1e3:.2f} ms, {ratio:.2f}×, the larger {gap} above the "
                    f"smaller (noise band {definitions.NOISE_BAND:.0%}){each}"
                    + ("; at the band's edge, so a re-run may put it on the other side." if edge else "."))
 
@@ -1433,7 +1437,8 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
     A setting that missed the budget at that load by less than the noise band (and shed
     nothing) is named after the verdict: a re-run may let it in. A chosen setting whose
     highest repeat there came within the noise band under the budget is named too: a re-run
-    may push it out.
+    may push it out. So is a setting set aside by rule 1 for the load alone at that load or
+    above (at any load where none holds): its p99 there says nothing of the load offered.
     """
     by_setting: dict[str, dict[float, Mapping[str, Any]]] = {}
     for point in points:
@@ -1447,16 +1452,31 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
     if len(models) > 1:
         raise Incomparable(f"points of different models: {sorted(models)}")
 
+    def within(point) -> bool:
+        return point["p99"].spread[1] <= budget_s and point["shed"] == 0
+
+    def received(point) -> bool:
+        return not _exceeds(point["p99"].where["offered_rps"], point["sent"])
+
     def holds_at(point) -> bool:
-        received = not _exceeds(point["p99"].where["offered_rps"], point["sent"])
-        return point["p99"].spread[1] <= budget_s and point["shed"] == 0 and received
+        return within(point) and received(point)
+
+    def unsent(from_load: float) -> str:
+        """The points rule 1 set aside for the load alone, at ``from_load`` and above, where
+        setting them aside could change the answer."""
+        short = [(label, load, point["sent"]) for label, at in by_setting.items() for load, point in sorted(at.items())
+                 if load >= from_load and within(point) and not received(point)]
+        return (f" Not judged where the load generator fell short of the offered load by more than the noise band, "
+                f"though p99 and shedding were within the budget there: "
+                + _and(f"{label} at {load:g} requests/s offered ({sent:.0f} sent)" for label, load, sent in short)
+                + "." if short else "")
 
     held = {label: max((load for load, point in at.items() if holds_at(point)), default=None)
             for label, at in by_setting.items()}
     budget = f"p99 ≤ {budget_s * 1e3:.4g} ms"   # as set, not rounded: a p99 at the edge is judged by it
     if all(load is None for load in held.values()):
         unshed = [(point["p99"].spread[1], label, load) for label, at in by_setting.items()
-                  for load, point in at.items() if point["shed"] == 0]
+                  for load, point in at.items() if point["shed"] == 0 and received(point)]
         nearest = ""
         if unshed:
             p99, label, load = min(unshed)
@@ -1465,7 +1485,8 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
                            f", within the noise band ({definitions.NOISE_BAND:.0%}): a re-run may let it in."
                            if definitions.agree(p99, budget_s) else "."))
         return Verdict("the data choose one setting", False, "no setting holds",
-                       f"For {budget}: no setting holds it with nothing shed at any load swept.{nearest}")
+                       f"For {budget}: no setting holds it with nothing shed at any load swept.{nearest}"
+                       f"{unsent(float('-inf'))}")
     top = max(load for load in held.values() if load is not None)
     candidates = [label for label, load in held.items() if load == top]
     loads = sorted({load for at in by_setting.values() for load in at})
@@ -1476,7 +1497,7 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
         f": {', '.join(candidates)}; their highest repeat's p99 there: "
         + ", ".join(f"{label}: {p99 * 1e3:.0f} ms" for label, p99 in highest.items()))
     near = {label: at[top]["p99"].spread[1] for label, at in by_setting.items()
-            if label not in candidates and top in at and at[top]["shed"] == 0
+            if label not in candidates and top in at and at[top]["shed"] == 0 and received(at[top])
             and definitions.agree(at[top]["p99"].spread[1], budget_s)}   # missed it by less than the band
     tied, ranked = candidates, False
     if len(candidates) > 1 and above:
@@ -1505,6 +1526,7 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
                    + "): a re-run may push " + ("them" if len(narrow) > 1 else "it") + " out at "
                    + f"{top:g} requests/s, "
                    + (f"where {_and(clear)} would still hold it." if clear else "and the choice move down a load."))
+    caveat += unsent(top)
     if len(tied) == 1:
         return Verdict("the data choose one setting", True, "run",
                        f"For {budget}, run: {tied[0]} ({evidence}).{caveat}", TOLD_APART_RULE)
@@ -1768,6 +1790,23 @@ def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float, plac
             "the change of kernel points the other way from the gap, so it does not account for it")
     return Verdict("batch 1's kernels point the way its gap does", holds, word,
                    f"{model}: {said}; {why} (noise band {definitions.NOISE_BAND:.0%}).")
+
+
+def kernels_summary(said: Verdict, placed: Verdict) -> str:
+    """How appendix 10's summary ends "batch 2 on batch 1's kind of kernel took R× its oneDNN
+    time, which …", from :func:`kernels_point_the_way`'s verdict ``said``. Where t(1) was not
+    placed it takes :func:`on_the_line`'s own word from ``placed`` ("unsettled" or "not placed"),
+    so one state of the run keeps one name across the summary."""
+    if said.word == "not placed":
+        return f"has no gap to explain: this run could not place t(1) against the line ({placed.word})"
+    return {
+        "points the way": ("points the way t(1) lies off the line; a direction, not an account, as this run never "
+                           "timed batch 1's 3×3 convolutions on oneDNN"),
+        "points the other way": "points the other way from where t(1) lies, so it does not account for it",
+        "within the noise band": ("lies within the noise band of its oneDNN time, so this run cannot credit where t(1) "
+                                  "lies to the kernels"),
+        "no gap": "has no gap to explain: t(1) lay on the line",
+    }[said.word]
 
 
 #: Threads whose Python work the GIL runs one after the other occupy about one core at once; up

@@ -378,7 +378,9 @@ def test_off_the_line_by_the_medians_needs_every_pass_off_it_too():
     assert "pass by pass t(1) over that pass's F + c ran 1.02–2.29×, reaching into the noise band" in mixed.sentence
     steady = verdicts.on_the_line(t1, passes("F", (9.5e-3, 9.7e-3, 9.6e-3)), per_row)
     assert (steady.word, steady.decided) == ("off the line", True)
-    assert "pass by pass 1.20–1.41×, every one beyond the band" in steady.sentence, steady.sentence
+    assert "pass by pass, each t(1) over its own pass's F + c, 1.20–1.41×, every one beyond the band" \
+        in steady.sentence, steady.sentence
+    assert "different passes" not in steady.sentence   # 1.26× lies among the passes' own ratios
     crossed = verdicts.on_the_line(t1, passes("F", (14.0e-3, 9.7e-3, 3.2e-3)), per_row)
     assert crossed.word == "unsettled" and crossed.sentence.endswith(
         "ran 0.94–2.29×, crossing 1, so the passes do not say on which side of the line it lies."), crossed.sentence
@@ -386,6 +388,16 @@ def test_off_the_line_by_the_medians_needs_every_pass_off_it_too():
     assert alone.word == "off the line"   # no passes kept: the medians decide, as before
     unplaced = verdicts.kernels_point_the_way("resnet18", 2.15, 1.26, placed=False)
     assert "not every pass put it beyond the noise band on one side of the line" in unplaced.sentence
+
+
+def test_a_ratio_of_medians_outside_the_passes_range_is_said_to_be_one():
+    """07's run printed "1.63×, ... pass by pass 1.60–1.62×": F and c, fitted together, move
+    against each other, so the medians' line F + c belongs to no pass. The sentence says so."""
+    t1 = passes("t(1)", (19.2e-3, 25.6e-3, 27.4e-3))
+    apart = verdicts.on_the_line(t1, passes("F", (10e-3, 12e-3, 14e-3)), passes("c", (2e-3, 4e-3, 3e-3)))
+    assert (apart.word, apart.decided) == ("off the line", True)
+    assert "by the medians, t(1) = 25.60 ms against the line's F + c = 15.00 ms, 1.71×" in apart.sentence
+    assert "1.60–1.61×, every one beyond the band (the two medians come from different passes" in apart.sentence
 
 
 def test_on_the_line_at_the_bands_edge_says_a_re_run_may_flip_it():
@@ -1249,9 +1261,19 @@ def test_a_setting_judged_at_a_load_it_never_received_does_not_hold_it():
     timer_low = sweep_point("timer", 16, 20, 100, 50, 100)
     verdict = verdicts.choose_setting([*greedy, timer_low, behind], 0.100, DEFAULT)
     assert verdict.holds and "held p99 ≤ 100 ms up to 100 requests/s" in verdict.sentence, verdict.sentence
+    assert verdict.sentence.endswith(
+        "Not judged where the load generator fell short of the offered load by more than the noise band, though p99 "
+        "and shedding were within the budget there: timer 16 / 20 ms at 200 requests/s offered (120 sent)."
+    ), verdict.sentence
+    alone = verdicts.choose_setting([behind], 0.100, DEFAULT)
+    assert alone.sentence == (
+        "For p99 ≤ 100 ms: no setting holds it with nothing shed at any load swept. Not judged where the load "
+        "generator fell short of the offered load by more than the noise band, though p99 and shedding were within "
+        "the budget there: timer 16 / 20 ms at 200 requests/s offered (120 sent)."), alone.sentence
     close = sweep_point("timer", 16, 20, 200, 60, 180, sent=180)   # 10 % short: within the band
     verdict = verdicts.choose_setting([*greedy, timer_low, close], 0.100, DEFAULT)
     assert verdict.sentence.startswith("For p99 ≤ 100 ms, run: timer 16 / 20 ms (held p99 ≤ 100 ms up to 200")
+    assert "Not judged" not in verdict.sentence
 
 
 def test_the_budget_is_printed_as_set_not_rounded_up():
@@ -1475,6 +1497,22 @@ def test_misses_reach_the_percentiles_their_count_predicts():
     assert not none.holds and "held at none" in none.sentence
     with pytest.raises(ValueError):
         verdicts.misses_reach({0.5: 1.0}, 151, 150, 750)
+
+
+def test_kernels_summary_names_an_unplaced_t1_by_the_word_on_the_line_gave_it():
+    """Appendix 10's summary said "does not account for where t(1) lies (no gap)" and could call
+    one state "unsettled" in one bullet and "not placed" in the next."""
+    t1 = passes("t(1)", (19.8e-3, 21.1e-3, 23.4e-3))
+    unsettled = verdicts.on_the_line(t1, passes("F", (12.5e-3, 9.7e-3, 3.2e-3)), passes("c", (7e-3, 7e-3, 7e-3)))
+    said = verdicts.kernels_point_the_way("resnet18", 2.15, 1.26, placed=unsettled.decided)
+    clause = verdicts.kernels_summary(said, unsettled)
+    assert clause.endswith("(unsettled)") and "not placed" not in clause, clause
+    on = verdicts.kernels_summary(verdicts.kernels_point_the_way("m", 1.4, 1.05), unsettled)
+    assert on == "has no gap to explain: t(1) lay on the line"
+    assert verdicts.kernels_summary(verdicts.kernels_point_the_way("m", 1.4, 1.3), unsettled).startswith(
+        "points the way t(1) lies off the line")
+    assert "other way" in verdicts.kernels_summary(verdicts.kernels_point_the_way("m", 1.4, 0.74), unsettled)
+    assert "noise band" in verdicts.kernels_summary(verdicts.kernels_point_the_way("m", 1.09, 0.73), unsettled)
 
 
 def test_kernels_point_the_way_of_the_gap_in_either_direction():
