@@ -2,19 +2,29 @@
 
 The HTTP contract runs in process and in a subprocess alike (``test_server_contract.py``).
 Here ``create_app`` gets settings of this test's own, such as a payload limit small enough
-that 413 costs a few kilobytes. Models are real TorchScript files written by ``conftest``.
+that 413 costs a few kilobytes; and the engine's end of a worker's channel, which only a test
+in the engine's process reaches at a chosen moment. Models are real TorchScript files or
+folders written by ``conftest``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 from collections.abc import Iterator
 
 import pytest
-from conftest import InProcessServer, write_torchscript
+import torch
+from conftest import SLOW_CODE, InProcessServer, write_code, write_torchscript
 from helpers import assert_error
 
 from mmserver.config import Settings
+from mmserver.engine.channel import Channel
+from mmserver.engine.messages import Failed, Rows
+from mmserver.engine.shared import pack
+from mmserver.engine.workers import WorkerConnection
+from mmserver.errors import ShuttingDown
 
 #: The largest body this app accepts (a small limit makes 413 cheap to reach).
 MAX_PAYLOAD_BYTES = 4096
@@ -91,3 +101,39 @@ def test_once_shutdown_drains_the_models_an_invocation_is_503_not_404(app):
     assert answer[1]["Retry-After"] == "1"
     assert app.request("POST", "/v2/models/again/infer", json.dumps({"inputs": [
         {"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}))[0] == 503
+
+
+def test_a_row_the_drain_cut_off_in_the_engine_is_503_not_404(app, tmp_path):
+    """With ``--http-workers`` the engine answers its workers' rows itself: a request accepted
+    into the queue and still unanswered when SIGTERM's drain timed out is told, as in one
+    process, that the instance is going away (``ShuttingDown``), not that the runner closed
+    (which a worker would answer 404). The engine's end of a real channel, on a real model
+    whose call outlasts the drain."""
+    from mmserver.http.app import SERVICE
+
+    service = app.client.server.app[SERVICE]
+    assert app.load("slow", write_code(tmp_path / "slow", SLOW_CODE))[0] == 200
+
+    async def cut_off() -> list:
+        loop = asyncio.get_running_loop()
+        worker_end, engine_end = socket.socketpair()
+        got: list = []
+        _, worker = await loop.create_unix_connection(lambda: Channel(got.extend), sock=worker_end)
+        _, engine = await loop.create_unix_connection(lambda: Channel(got.extend), sock=engine_end)
+        engine.on_messages = WorkerConnection({}, service, engine).on_messages
+        model = service.serving("slow")
+        descriptor, _ = pack(torch.tensor([[3.0]]), None)   # SLOW_CODE sleeps 3 s on this row
+        worker.send(Rows(((7, "slow", model.generation, descriptor),)))
+        async with asyncio.timeout(10):
+            while (await service.describe("slow"))["stats"].get("requestsInFlight") != 1:
+                await asyncio.sleep(0.01)
+            await service.registry.close(drain_timeout=0.2)
+            while not got:
+                await asyncio.sleep(0.01)
+        worker.close()
+        engine.close()
+        return got
+
+    got = app.loop.run_until_complete(cut_off())
+    assert [type(message) for message in got] == [Failed] and got[0].request_id == 7, got
+    assert type(got[0].error) is ShuttingDown, got[0].error

@@ -127,7 +127,7 @@ class WorkerConnection:
                 lambda position, request: self._answer_rows(request_ids[position], model,
                                                             request))
         except MMServerError as error:
-            refusal, requests = error, []
+            refusal, requests = self.service.told(error), []
         except Exception:  # noqa: BLE001 - the worker answers 500; the cause stays in this log
             log.exception("engine: queueing rows for model %s failed", name)
             refusal, requests = None, []
@@ -160,7 +160,8 @@ class WorkerConnection:
             return
         if isinstance(error, InvocationTimeout):
             error = self.service.pipeline.timed_out(model.name)
-        channel.send(Failed(request_id, error if isinstance(error, MMServerError) else None))
+        told = self.service.told(error) if isinstance(error, MMServerError) else None
+        channel.send(Failed(request_id, told))
 
 
 class Workers:

@@ -118,15 +118,22 @@ class LocalService:
             return
         await self.registry.unload(name)
 
+    def told(self, error: MMServerError) -> MMServerError:
+        """What a client is told of ``error`` from a model's runner: a runner that the drain
+        closed (``RunnerClosed`` once shutdown has begun) means the instance is going away,
+        503 ``ShuttingDown``, not a missing model. The engine's row path tells its workers
+        the same (``engine.workers``)."""
+        if isinstance(error, RunnerClosed) and self.registry.closing:
+            return ShuttingDown(SHUTTING_DOWN_MESSAGE)
+        return error
+
     async def invoke(self, name: str, headers: ToolkitHeaders | V2Headers, call: Call
                      ) -> Answer:
         model = self.serving(name)
         try:
             return await model.invoke(headers, call, self.pipeline)
-        except RunnerClosed:
-            if self.registry.closing:  # reached the queue after the drain: not a missing model
-                raise ShuttingDown(SHUTTING_DOWN_MESSAGE) from None
-            raise
+        except RunnerClosed as error:
+            raise self.told(error) from None
 
     async def status(self, name: str) -> ModelStatus:
         return self.registry.info(name).status
