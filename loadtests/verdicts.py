@@ -358,7 +358,9 @@ def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement,
     their rounds (``instruments.call_time``, ``instruments.cost_line``), each pass's ``t(1)``
     over its own ``F + c``. A pass ratio that reaches into the band, or past 1, leaves the side
     unsettled ("unsettled", not decided): the line moves from pass to pass as much as ``t(1)``
-    does, and the medians alone would call a gap that the passes do not all show."""
+    does, and the medians alone would call a gap that the passes do not all show. On the line by
+    the medians, a pass ratio beyond the band leaves it unsettled too: the medians alone would
+    call a fit that the passes do not all show."""
     if t1.quantity != "t(1)":
         raise Incomparable(f"need the measured t(1), got {t1.quantity!r}")
     comparable(fixed, per_row, same_quantity=False)
@@ -377,16 +379,20 @@ def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement,
     holds = definitions.agree(t1.value, line)
     ratio = t1.value / line
     passes = _pass_ratios(t1, fixed, per_row)
+    unsettled = (f"On this machine this run cannot place {t1.model}'s batch 1: by the medians, t(1) = "
+                 f"{t1.value * 1e3:.2f} ms is {ratio:.2f}× the line's F + c = {line * 1e3:.2f} ms, but pass by pass "
+                 f"t(1) over that pass's F + c ran {min(passes, default=0):.2f}–{max(passes, default=0):.2f}×, ")
+    if holds and passes and not all(definitions.agree(p, 1.0) for p in passes):
+        return Verdict("batch 1 is on the cost line", False, "unsettled",
+                       unsettled + f"reaching beyond the noise band ({definitions.NOISE_BAND:.0%}), so the passes do "
+                       "not say that it lies on the line.", decided=False)
     if not holds and passes:
         near = min(passes) if ratio > 1 else max(passes)   # the pass nearest the line
         crossed = (near > 1) != (ratio > 1)
         if crossed or definitions.agree(near, 1.0):
             return Verdict("batch 1 is on the cost line", False, "unsettled",
-                           f"On this machine this run cannot place {t1.model}'s batch 1: by the medians t(1) = "
-                           f"{t1.value * 1e3:.2f} ms is {ratio:.2f}× the line's F + c = {line * 1e3:.2f} ms, but pass "
-                           f"by pass t(1) over that pass's F + c ran {min(passes):.2f}–{max(passes):.2f}×, "
-                           + ("crossing 1" if crossed else
-                              f"reaching into the noise band ({definitions.NOISE_BAND:.0%})")
+                           unsettled + ("crossing 1" if crossed else
+                                        f"reaching into the noise band ({definitions.NOISE_BAND:.0%})")
                            + ", so the passes do not say on which side of the line it lies.",
                            decided=False)
     word = "on the line" if holds else "off the line"
@@ -394,9 +400,9 @@ def on_the_line(t1: Measurement, fixed: Measurement, per_row: Measurement,
     edge = at_band_edge(t1.value, line)
     gap = f"{apart:.1%}" if edge else f"{apart:.0%}"
     each = ""
-    if passes and not holds:
+    if passes:
         each = (f"; pass by pass, each t(1) over its own pass's F + c, {min(passes):.2f}–{max(passes):.2f}×, every "
-                "one beyond the band")
+                "one " + ("within" if holds else "beyond") + " the band")
         if not min(passes) <= ratio <= max(passes):
             each += " (the two medians come from different passes, so their ratio need not lie among the passes')"
     return Verdict("batch 1 is on the cost line", holds, word,
@@ -1525,7 +1531,8 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
                    + ", ".join(f"{p99 * 1e3:.1f} ms" for p99 in narrow.values()) + f" against {budget_s * 1e3:.4g} ms"
                    + "): a re-run may push " + ("them" if len(narrow) > 1 else "it") + " out at "
                    + f"{top:g} requests/s, "
-                   + (f"where {_and(clear)} would still hold it." if clear else "and the choice move down a load."))
+                   + (f"where {_and(clear)} would still hold it." if clear else "and the choice move down a load"
+                      + (f", unless the same re-run lets {_and(near)} in." if near else ".")))
     caveat += unsent(top)
     if len(tied) == 1:
         return Verdict("the data choose one setting", True, "run",
@@ -1757,8 +1764,8 @@ def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float, plac
     faster ones a t(1) below it. A match is a direction, not an account: batch 2's change of
     kernel need not cost what batch 1's does. Within the noise band either number says nothing.
     ``placed``: False where :func:`on_the_line` could not place t(1) (its own timings moved
-    beyond the band, or its passes did not agree on the side): then there is no gap to explain
-    either way, and ``noise_gap`` (how far apart two timings of the same kernels lay, as
+    beyond the band, or not every pass put it beyond the band on one side): then the run has no
+    settled gap to ask the kernels about, and ``noise_gap`` (how far apart two timings of the same kernels lay, as
     ``definitions.value_gap``; None when that was not the reason) says whether the kernel
     ratio itself lies within what the run's noise did to one kind of kernel.
     """
@@ -1770,7 +1777,7 @@ def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float, plac
             "this run could not place t(1) against the line ("
             + (f"two timings of its kernels differed by {noise_gap:.0%}, beyond the noise band"
                if noise_gap is not None else "not every pass put it beyond the noise band on one side of the line")
-            + "), so there is no gap for the kernels to explain"
+            + "), so this run has no settled gap to ask the kernels about"
             + ("; and the change of kernel moved batch 2 no further than that noise moved one kind of kernel, so "
                "this run does not credit it to the kernels either" if within else ""))
     elif definitions.agree(off_line, 1.0):
@@ -1793,19 +1800,20 @@ def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float, plac
 
 
 def kernels_summary(said: Verdict, placed: Verdict) -> str:
-    """How appendix 10's summary ends "batch 2 on batch 1's kind of kernel took R× its oneDNN
-    time, which …", from :func:`kernels_point_the_way`'s verdict ``said``. Where t(1) was not
+    """What appendix 10's summary says after "batch 2 on batch 1's kind of kernel took R× its
+    oneDNN time;", from :func:`kernels_point_the_way`'s verdict ``said``. Where t(1) was not
     placed it takes :func:`on_the_line`'s own word from ``placed`` ("unsettled" or "not placed"),
     so one state of the run keeps one name across the summary."""
     if said.word == "not placed":
-        return f"has no gap to explain: this run could not place t(1) against the line ({placed.word})"
+        return ("but this run could not place t(1) against the line "
+                f"({placed.word}), so it has no settled gap to set that beside")
     return {
-        "points the way": ("points the way t(1) lies off the line; a direction, not an account, as this run never "
-                           "timed batch 1's 3×3 convolutions on oneDNN"),
-        "points the other way": "points the other way from where t(1) lies, so it does not account for it",
-        "within the noise band": ("lies within the noise band of its oneDNN time, so this run cannot credit where t(1) "
-                                  "lies to the kernels"),
-        "no gap": "has no gap to explain: t(1) lay on the line",
+        "points the way": ("that points the way t(1) lies off the line; a direction, not an account, as this run "
+                           "never timed batch 1's 3×3 convolutions on oneDNN"),
+        "points the other way": "that points the other way from where t(1) lies, so it does not account for it",
+        "within the noise band": ("that lies within the noise band of its oneDNN time, so this run cannot credit where "
+                                  "t(1) lies to the kernels"),
+        "no gap": "but t(1) lay on the line, so there is no gap to set that beside",
     }[said.word]
 
 
