@@ -152,6 +152,11 @@ def follows(served: Measurement, predicted_x: float, predicted_by: str = "the se
     return Verdict("the served gain follows the prediction", holds, word, sentence)
 
 
+def _band_edges(edges: list[float]) -> str:
+    return (f"the band's edge at {edges[0]:.3f}" if len(edges) == 1 else
+            f"both of the band's edges, {edges[0]:.3f} and {edges[1]:.3f}")
+
+
 def account_explains(served: Measurement, t_http: Measurement, call: Measurement, batch_size: int,
                      efficiency: Measurement | None = None) -> Verdict:
     """Whether the two-part account ``1 / (t_http + t(b)/b)`` explains what one core served.
@@ -164,7 +169,10 @@ def account_explains(served: Measurement, t_http: Measurement, call: Measurement
     with ``t_http`` set to zero, or that a band's worth of noise could move from one side to
     the other, tests nothing about ``t_http`` (it then says it cannot tell). When the efficiency's
     range over the repeats (``efficiency``, ``instruments.efficiency``'s record, else the served
-    rate's range alone) reaches across the band's edge, the sentence says a re-run may differ.
+    rate's range alone) reaches across the band's edge, the sentence says a re-run may differ;
+    but where ``t_http`` is too small to set the two accounts apart, no re-run of this size can
+    say that it counts, so the word says it cannot tell whether ``t_http`` counts in and the
+    sentence says what a re-run may still change.
     """
     if t_http.quantity != "t_http" or not t_http.value > 0:
         raise Incomparable(f"the account needs a measured t_http, got {t_http.describe()}")
@@ -182,7 +190,9 @@ def account_explains(served: Measurement, t_http: Measurement, call: Measurement
     low, high = (efficiency.spread if efficiency is not None else
                  tuple(rate * (t_http.value + per_row) for rate in served.spread))
     edges = [e for e in (1 / (1 + definitions.NOISE_BAND), 1 + definitions.NOISE_BAND) if low <= e <= high]
-    if edges and (tells or not explains):   # its repeats lie on both sides of the band's edge
+    if not resolvable and (explains or edges):   # no re-run of this size can say that t_http counts
+        word = "cannot tell whether t_http counts in"
+    elif edges and (tells or not explains):   # its repeats lie on both sides of the band's edge
         word = "cannot tell, over its repeats, whether it explains"
     elif explains and tells:
         word = "explains"
@@ -198,10 +208,13 @@ def account_explains(served: Measurement, t_http: Measurement, call: Measurement
                 f"{without_http:.{places}f} without it")
     if word == "explains":
         sentence += f"; only the account with t_http is within the noise band ({definitions.NOISE_BAND:.0%}) of 1."
-    elif explains and not resolvable:
+    elif not resolvable and (explains or edges):
         sentence += (f"; t_http is {t_http.value / per_row:.0%} of t({batch_size})/{batch_size}, so the two accounts "
                      f"differ by less than the noise band ({definitions.NOISE_BAND:.0%}): t_http is too small beside "
-                     "the model's call for this measurement to test it.")
+                     "the model's call for this measurement to test it")
+        sentence += "." if explains else (
+            f". Over the repeats the efficiency with t_http ran {low:.3f}–{high:.3f}, reaching across "
+            f"{_band_edges(edges)}: a re-run may find the account within the band or beyond it, but not t_http's part.")
     elif explains and not edges:
         sentence += (f"; both are within the noise band ({definitions.NOISE_BAND:.0%}) of 1, so t_http is too "
                      "small beside the model's call for this measurement to test it.")
@@ -211,10 +224,8 @@ def account_explains(served: Measurement, t_http: Measurement, call: Measurement
                      "request here than the no-op's t_http." if with_http > 1 and definitions.agree(without_http, 1.0)
                      else ".")
     else:
-        crossed = (f"the band's edge at {edges[0]:.3f}" if len(edges) == 1 else
-                   f"both of the band's edges, {edges[0]:.3f} and {edges[1]:.3f}")
         sentence += (f"; over the repeats the efficiency with t_http ran {low:.3f}–{high:.3f}, reaching across "
-                     f"{crossed}: a re-run may sort it either way.")
+                     f"{_band_edges(edges)}: a re-run may sort it either way.")
     return Verdict("the two-part account explains the served rate", explains and tells, word, sentence)
 
 
@@ -1194,24 +1205,26 @@ def no_more_throughput(greedy: Measurement, waiting: Measurement) -> Verdict:
     at most the noise band above greedy's (``instruments.capacity`` of two copies under the same
     conditions). It does not hold when the wait served more beyond the band. Where greedy's
     batches were already full on average (its mean batch within the band of max_batch_size), the
-    word says "as the full batches show": a full batch was queued at nearly every call, so
-    batches ran full before any MAX_WAIT ran out, under either policy."""
+    word is "ran one schedule": a full batch was queued at nearly every call, so batches ran full
+    before any MAX_WAIT ran out, under either policy, and the comparison tests the setup, not
+    the wait."""
     _need(greedy, "capacity")
     comparable(greedy, waiting)
     holds = waiting.value <= (1 + definitions.NOISE_BAND) * greedy.value
     mean_batch, b = greedy.observed.get("mean_batch"), greedy.where.get("max_batch_size")
     full = isinstance(mean_batch, (int, float)) and isinstance(b, int) and definitions.agree(mean_batch, b)
-    word = ("bought no throughput, as the full batches show" if holds and full else
-            "bought no throughput" if holds else "bought throughput")
+    one_schedule = holds and full
+    word = "ran one schedule" if one_schedule else "bought no throughput" if holds else "bought throughput"
     return Verdict("saturated, the wait buys no throughput", holds, word,
-                   f"Saturated, the wait {word}: {waiting.model} served {waiting.value:.0f} requests/s against "
-                   f"{greedy.model}'s {greedy.value:.0f}, {waiting.value / greedy.value:.2f}× "
-                   f"({'within' if holds else 'beyond'} the {definitions.NOISE_BAND:.0%} noise band above it); "
-                   f"greedy's batches already held {greedy.observed.get('mean_batch', '?')} of "
-                   f"{greedy.where.get('max_batch_size', '?')} rows on average"
+                   f"Saturated, {'the two copies' if one_schedule else 'the wait'} {word}"
+                   + (", as the full batches show" if one_schedule else "")
+                   + f": {waiting.model} served {waiting.value:.0f} requests/s against {greedy.model}'s "
+                   f"{greedy.value:.0f}, {waiting.value / greedy.value:.2f}× ({'not ' if holds else ''}above "
+                   f"{greedy.model}'s by more than the {definitions.NOISE_BAND:.0%} noise band); greedy's batches "
+                   f"already held {greedy.observed.get('mean_batch', '?')} of {greedy.where.get('max_batch_size', '?')} "
+                   "rows on average"
                    + ("; a full batch was queued at nearly every call, so batches ran full before MAX_WAIT ran out: "
-                      "this comparison tests the setup, not the wait."
-                      if holds and full else "."))
+                      "this comparison tests the setup, not the wait." if one_schedule else "."))
 
 
 def cuts_device_time(line: list[Measurement]) -> Verdict:
@@ -1369,11 +1382,12 @@ def overlap_can_show(ceiling_rps: float, t_http: Measurement, call_s: float, bat
     core_rps = 1 / t_http.value
     cap = min(ceiling_rps, core_rps)
     holds = cap > (1 + band) ** 2 * limit
+    places = 3 if f"{cap / limit:.2f}" == f"{(1 + band) ** 2:.2f}" else 2   # apart where two places would tie
     return Verdict("the run leaves room to show the overlap", holds, "room" if holds else "no room",
                    f"At {t_http.model} the most one process could serve, the lower of the device's ceiling "
-                   f"({ceiling_rps:.0f}/s) and one core's 1 / t_http ({core_rps:.0f}/s), is {cap / limit:.2f}× the serial "
-                   f"estimate {limit:.0f}/s, " + ("beyond" if holds else "within") + f" the noise band twice over "
-                   f"({(1 + band) ** 2:.2f}×): " + (
+                   f"({ceiling_rps:.0f}/s) and one core's 1 / t_http ({core_rps:.0f}/s), is {cap / limit:.{places}f}× the "
+                   f"serial estimate {limit:.0f}/s, " + ("beyond" if holds else "short of") + " the noise band twice "
+                   f"over, (1 + {band:.0%})² = {(1 + band) ** 2:.{places}f}×: " + (
                        "room to tell the loop's work overlapping the device's call from the two taking turns." if holds else
                        "too little room to tell the two apart, so the comparison below is reported, not asserted."))
 

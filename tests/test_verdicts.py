@@ -15,7 +15,7 @@ from conftest import ROOT
 if str(ROOT) not in sys.path:  # loadtests/ is a folder of the repository, not an installed package
     sys.path.insert(0, str(ROOT))
 
-from loadtests import verdicts  # noqa: E402
+from loadtests import definitions, verdicts  # noqa: E402
 from loadtests.instruments import measurement  # noqa: E402
 from loadtests.verdicts import Incomparable  # noqa: E402
 
@@ -124,6 +124,22 @@ def test_an_account_whose_t_http_is_under_the_band_of_a_row_says_it_cannot_tell(
                                         seconds("t(1)", per_row, "resnet18"), 1)
     assert not verdict.holds and verdict.word.startswith("cannot tell")
     assert "differ by less than the noise band" in verdict.sentence
+
+
+def test_an_account_too_blind_to_t_http_does_not_promise_a_re_run_may_sort_it():
+    """07's run: efficiency 0.840 with t_http (283 µs), 0.777 without it (3524 µs a row), over
+    repeats 0.746-0.911 that cross the band's edge at 0.870. The verdict said "a re-run may sort
+    it either way", though the two accounts differ by 8 %: no re-run can say that t_http counts."""
+    per_row, t_http = 3524e-6, 283e-6
+    served = per_cpu_second(0.840 / (t_http + per_row))
+    wide = measurement("efficiency", "resnet18", 0.840, "ratio", (0.746, 0.911), 5, {})
+    verdict = verdicts.account_explains(served, seconds("t_http", t_http, clock="server CPU"),
+                                        seconds("t(16)", 16 * per_row, "resnet18"), 16, efficiency=wide)
+    assert not verdict.holds and verdict.word == "cannot tell whether t_http counts in"
+    assert "t_http is 8% of t(16)/16, so the two accounts differ by less than the noise band" in verdict.sentence
+    assert verdict.sentence.endswith("ran 0.746–0.911, reaching across the band's edge at 0.870: a re-run may find "
+                                     "the account within the band or beyond it, but not t_http's part."), verdict.sentence
+    assert "sort it either way" not in verdict.sentence
 
 
 def test_an_account_beaten_by_a_third_does_not_explain():
@@ -1067,15 +1083,17 @@ def test_no_more_throughput_holds_within_the_band_and_fails_beyond():
     assert verdicts.no_more_throughput(capacity_of("greedy", 362.0), capacity_of("timer", 370.0))
     full = capacity_of("greedy", 362.0)      # greedy's batches full: the two run one schedule
     built = verdicts.no_more_throughput(full, capacity_of("timer", 359.0))
-    assert "tests the setup, not the wait" in built.sentence and built.word.endswith(", as the full batches show")
-    assert "within the 15% noise band above it" in built.sentence
+    assert "tests the setup, not the wait" in built.sentence and built.word == "ran one schedule"
+    assert built.sentence.startswith("Saturated, the two copies ran one schedule, as the full batches show: timer "
+                                     "served 359 requests/s against greedy's 362, 0.99× (not above greedy's by more "
+                                     "than the 15% noise band)"), built.sentence
     part = measurement("capacity", "greedy", 362.0, "requests/s", (362.0, 362.0), 3, dict(full.where),
                        {"mean_batch": 20.0})
     partly = verdicts.no_more_throughput(part, capacity_of("timer", 359.0))
     assert "not the wait" not in partly.sentence and partly.word == "bought no throughput"
     more = verdicts.no_more_throughput(capacity_of("greedy", 300.0), capacity_of("timer", 362.0))
     assert not more and more.word == "bought throughput"
-    assert "beyond the 15% noise band above it" in more.sentence
+    assert "(above greedy's by more than the 15% noise band)" in more.sentence
     with pytest.raises(Incomparable):
         verdicts.no_more_throughput(point("p50", 0.04), capacity_of("timer", 362.0))
 
@@ -1187,7 +1205,10 @@ def test_the_overlap_is_asserted_only_where_the_run_leaves_room_to_show_it():
     twice over, where a quick run failed the assert by noise alone."""
     slow = measurement("t_http", "sim-x1", 429e-6, "s", (409e-6, 458e-6), 3, {"clock": "cpu"})
     room = verdicts.overlap_can_show(1070.0, slow, 0.0299, 32.0)
-    assert room.holds and "1.46×" in room.sentence and "beyond the noise band twice over (1.32×)" in room.sentence
+    assert room.holds and "1.46×" in room.sentence and "beyond the noise band twice over, (1 + 15%)² = 1.32×:" in room.sentence
+    # 08's later run: a cap 1.323× the estimate, printed "1.32× ..., beyond ... (1.32×)"
+    edge = verdicts.overlap_can_show(1.3235 * definitions.serial_limit_rps(429e-6, 0.0299, 32.0), slow, 0.0299, 32.0)
+    assert edge.holds and "is 1.323× the serial estimate" in edge.sentence and "= 1.322×:" in edge.sentence, edge.sentence
     fast = measurement("t_http", "sim-div20", 368e-6, "s", (355e-6, 386e-6), 3, {"clock": "cpu"})
     none = verdicts.overlap_can_show(18855.0, fast, 21.3 * 57.7e-6, 21.3)
     assert not none.holds and "(2717/s)" in none.sentence and "reported, not asserted" in none.sentence
