@@ -1722,10 +1722,14 @@ def misses_reach(percentiles_ms: Mapping[float, float], slow: int, requests: int
         else:
             missed.append(name)
     holds = bool(held) and not missed
+    judged = [f"p{round(q * 100)}" for q in sorted(percentiles_ms) if f"p{round(q * 100)}" not in close]
+    loaded = [name for name in judged if share > 1 - int(name[1:]) / 100]
+    unloaded = [name for name in judged if name not in loaded]
     sentence = (f"{slow} of {requests} requests waited for a load, by their answers (a share of {share:.2f}); "
                 f"a percentile q was predicted to take the load's {load_ms:.0f} ms or more when that "
-                f"share exceeds 1 − q. "
-                f"The prediction held at {_and(held) if held else 'none'}")
+                f"share exceeds 1 − q. Predicted: {_and(loaded) if loaded else 'no percentile'} to include a load"
+                + (f", {_and(unloaded)} not. " if unloaded else ". ")
+                + f"The prediction held at {_and(held) if held else 'none'}")
     sentence += f" and missed at {_and(missed)}" if missed else ""
     sentence += (f"; {_and(close)} lay within {margin} requests of the edge, too close to call." if close else ".")
     fast_ones = [f"p{round(q * 100)}" for q in sorted(percentiles_ms) if f"p{round(q * 100)}" not in slow_ones]
@@ -1781,19 +1785,22 @@ def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float, plac
     beyond the band, or not every pass put it beyond the band on one side): then the run has no
     settled gap to ask the kernels about, and ``noise_gap`` (how far apart two timings of the same kernels lay, as
     ``definitions.value_gap``; None when that was not the reason) says whether the kernel
-    ratio itself lies within what the run's noise did to one kind of kernel.
+    ratio itself lies within what the run's noise did to one kind of kernel, widened by the
+    noise band (10's run: 22 % against 19 % is no evidence for the kernels).
     """
     said = (f"with oneDNN off, batch 2 ran batch 1's kind of kernel and took {kernel_ratio:.2f}× its time with "
             f"oneDNN on, and t(1) was {off_line:.2f}× the line's F + c")
     if not placed:
-        within = noise_gap is not None and definitions.value_gap(kernel_ratio, 1.0) <= noise_gap
+        moved = definitions.value_gap(kernel_ratio, 1.0)
+        within = noise_gap is not None and (1 + moved) <= (1 + noise_gap) * (1 + definitions.NOISE_BAND)
         holds, word, why = False, "not placed", (
             "this run could not place t(1) against the line ("
             + (f"two timings of its kernels differed by {noise_gap:.0%}, beyond the noise band"
                if noise_gap is not None else "not every pass put it beyond the noise band on one side of the line")
             + "), so this run has no settled gap to ask the kernels about"
-            + ("; and the change of kernel moved batch 2 no further than that noise moved one kind of kernel, so "
-               "this run does not credit it to the kernels either" if within else ""))
+            + (f"; and the change of kernel moved batch 2 by {moved:.0%}, not beyond the noise band past the "
+               f"{noise_gap:.0%} that noise moved one kind of kernel, so this run does not credit it to the kernels "
+               "either" if within else ""))
     elif definitions.agree(off_line, 1.0):
         holds, word, why = False, "no gap", "t(1) lay on the line, so there is no gap for the kernels to explain"
     elif definitions.agree(kernel_ratio, 1.0):
@@ -2079,7 +2086,8 @@ def loop_hardly_noticed(worst_s: float, stalls_s: Mapping[str, float], body: str
                    f"With the same rows as {body} the worst small request beside the large one waited "
                    f"{worst_s * 1e3:.0f} ms, against "
                    + _and(f"{ms * 1e3:.0f} ms ({case})" for case, ms in stalls_s.items())
-                   + f" as JSON: the loop {word} the decoding ({STALL_SHARE:.0%} of the least is the line).")
+                   + (" as JSON" if not all("JSON" in case for case in stalls_s) else "")   # unless the labels say so
+                   + f": the loop {word} the decoding ({STALL_SHARE:.0%} of the least is the line).")
 
 
 def parse_ramps(slopes: Mapping[str, float | None]) -> Verdict:
