@@ -1486,8 +1486,8 @@ def choose_setting(points: Sequence[Mapping[str, Any]], budget_s: float, default
         setting them aside could change the answer."""
         short = [(label, load, point["sent"]) for label, at in by_setting.items() for load, point in sorted(at.items())
                  if load >= from_load and within(point) and not received(point)]
-        return (f" Not judged where the load generator fell short of the offered load by more than the noise band, "
-                f"though p99 and shedding were within the budget there: "
+        return (" Not judged where the load generator fell short of the offered load by more than the noise band, "
+                "though p99 and shedding were within the budget there: "
                 + _and(f"{label} at {load:g} requests/s offered ({sent:.0f} sent)" for label, load, sent in short)
                 + "." if short else "")
 
