@@ -1710,21 +1710,17 @@ def misses_reach(percentiles_ms: Mapping[float, float], slow: int, requests: int
     if not 0 <= slow <= requests or requests < 1:
         raise ValueError(f"need 0 <= slow <= requests, got {slow} of {requests}")
     share = slow / requests
-    held, missed, close, slow_ones = [], [], [], []
+    held, missed, close, slow_ones, loaded, unloaded = [], [], [], [], [], []
     for q, value_ms in sorted(percentiles_ms.items()):
         name = f"p{round(q * 100)}"
         if value_ms >= load_ms:
             slow_ones.append(name)
         if abs(share - (1 - q)) * requests < margin:
             close.append(name)
-        elif (share > 1 - q) == (value_ms >= load_ms):
-            held.append(name)
-        else:
-            missed.append(name)
+            continue
+        (loaded if share > 1 - q else unloaded).append(name)
+        (held if (share > 1 - q) == (value_ms >= load_ms) else missed).append(name)
     holds = bool(held) and not missed
-    judged = [f"p{round(q * 100)}" for q in sorted(percentiles_ms) if f"p{round(q * 100)}" not in close]
-    loaded = [name for name in judged if share > 1 - int(name[1:]) / 100]
-    unloaded = [name for name in judged if name not in loaded]
     sentence = (f"{slow} of {requests} requests waited for a load, by their answers (a share of {share:.2f}); "
                 f"a percentile q was predicted to take the load's {load_ms:.0f} ms or more when that "
                 f"share exceeds 1 − q. Predicted: {_and(loaded) if loaded else 'no percentile'} to include a load"
@@ -1792,7 +1788,7 @@ def kernels_point_the_way(model: str, kernel_ratio: float, off_line: float, plac
             f"oneDNN on, and t(1) was {off_line:.2f}× the line's F + c")
     if not placed:
         moved = definitions.value_gap(kernel_ratio, 1.0)
-        within = noise_gap is not None and (1 + moved) <= (1 + noise_gap) * (1 + definitions.NOISE_BAND)
+        within = noise_gap is not None and not _exceeds(1 + moved, 1 + noise_gap)
         holds, word, why = False, "not placed", (
             "this run could not place t(1) against the line ("
             + (f"two timings of its kernels differed by {noise_gap:.0%}, beyond the noise band"
