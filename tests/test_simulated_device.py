@@ -122,6 +122,35 @@ def test_one_call_at_a_time():
     assert gpu.stats().calls == 6
 
 
+def test_a_call_sleeps_once_to_its_end_with_a_fine_timer_slack(monkeypatch):
+    """Each sleep may wake late by the thread's timer slack (50 us by Linux's default), so a
+    call sleeps once, to its end, and its thread asks for a slack of 1 us, as a thread that the
+    driver wakes at a kernel's end would see. A sleep per copy made a 1.5 ms call 0.2 ms long."""
+    from mmserver.harness import simulated_device
+
+    deadlines: list[float] = []
+    sleep_until = simulated_device._sleep_until
+    monkeypatch.setattr(simulated_device, "_sleep_until",
+                        lambda deadline: deadlines.append(deadline) or sleep_until(deadline))
+    gpu = device(LinearBatchTime(0.001, 0.0005))
+    slack: list[int] = []
+
+    def call() -> None:
+        gpu(torch.ones(4, 8))
+        if sys.platform.startswith("linux"):
+            import ctypes
+            slack.append(ctypes.CDLL(None).prctl(30, 0, 0, 0, 0))  # PR_GET_TIMERSLACK
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join()
+    assert len(deadlines) == 1
+    assert gpu.stats().busy_seconds == pytest.approx(0.003 + (4 * 8 * 4 + 4 * 2 * 4)
+                                                    / PCIE3_X16_BYTES_PER_SECOND, rel=1e-12)
+    if sys.platform.startswith("linux"):
+        assert slack == [simulated_device.TIMER_SLACK_NS]
+
+
 def test_a_per_thread_device_gives_each_calling_thread_a_stream_of_its_own():
     gpu = SimulatedDevice(LinearBatchTime(0.05), stream=PER_THREAD)
     started = time.perf_counter()
