@@ -125,7 +125,7 @@ def test_one_call_at_a_time():
 def test_a_call_sleeps_once_to_its_end_with_a_fine_timer_slack(monkeypatch):
     """Each sleep may wake late by the thread's timer slack (50 us by Linux's default), so a
     call sleeps once, to its end, and its thread asks for a slack of 1 us, as a thread that the
-    driver wakes at a kernel's end would see. A sleep per copy made a 1.5 ms call 0.2 ms long."""
+    driver wakes at a kernel's end would see. A sleep per copy made a 1.5 ms call 0.1 ms long."""
     from mmserver.harness import simulated_device
 
     deadlines: list[float] = []

@@ -17,7 +17,7 @@ A CPU model has neither property. :class:`SimulatedDevice` has both, and nothing
   once a call, to the call's end, with a timer slack of :data:`TIMER_SLACK_NS` (Linux): by
   default Linux lets a sleeper wake up to 50 us late so that wake-ups bunch, whereas the driver
   wakes a thread waiting on a kernel when the kernel ends. With a sleep per copy and the
-  default slack, a call of t = 1.5 ms ran 0.2 ms long.
+  default slack, a call of t = 1.5 ms ran 0.1 ms long; it now runs 0.05 ms long.
 * **One call at a time.** Calls take turns on a lock, as kernels on one CUDA stream do;
   time spent waiting for the lock is queueing (``queued_seconds``), not device time.
   Devices built with the same ``stream`` name in one process share that lock, as models
