@@ -1710,16 +1710,17 @@ def misses_reach(percentiles_ms: Mapping[float, float], slow: int, requests: int
     if not 0 <= slow <= requests or requests < 1:
         raise ValueError(f"need 0 <= slow <= requests, got {slow} of {requests}")
     share = slow / requests
-    held, missed, close, slow_ones, loaded, unloaded = [], [], [], [], [], []
+    held, missed, close, slow_ones, fast_ones, loaded, unloaded = [], [], [], [], [], [], []
     for q, value_ms in sorted(percentiles_ms.items()):
         name = f"p{round(q * 100)}"
-        if value_ms >= load_ms:
-            slow_ones.append(name)
+        took_load = value_ms >= load_ms
+        (slow_ones if took_load else fast_ones).append(name)
         if abs(share - (1 - q)) * requests < margin:
             close.append(name)
             continue
-        (loaded if share > 1 - q else unloaded).append(name)
-        (held if (share > 1 - q) == (value_ms >= load_ms) else missed).append(name)
+        predicted = share > 1 - q
+        (loaded if predicted else unloaded).append(name)
+        (held if predicted == took_load else missed).append(name)
     holds = bool(held) and not missed
     sentence = (f"{slow} of {requests} requests waited for a load, by their answers (a share of {share:.2f}); "
                 f"a percentile q was predicted to take the load's {load_ms:.0f} ms or more when that "
@@ -1728,7 +1729,6 @@ def misses_reach(percentiles_ms: Mapping[float, float], slow: int, requests: int
                 + f"The prediction held at {_and(held) if held else 'none'}")
     sentence += f" and missed at {_and(missed)}" if missed else ""
     sentence += (f"; {_and(close)} lay within {margin} requests of the edge, too close to call." if close else ".")
-    fast_ones = [f"p{round(q * 100)}" for q in sorted(percentiles_ms) if f"p{round(q * 100)}" not in slow_ones]
     sentence += (f" Measured: {_and(slow_ones) if slow_ones else 'no percentile'} included a load"
                  + (f", {_and(fast_ones)} did not." if fast_ones else "."))
     return Verdict("the slow requests reach the percentiles their count predicts", holds,
