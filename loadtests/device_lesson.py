@@ -139,16 +139,16 @@ def by_load(rows: Sequence[dict]) -> dict[float, list[dict[str, instruments.Meas
 
 
 def print_wait_table(points: Mapping[float, list], max_batch_size: int) -> None:
-    print(f"simulated device, MAX_BATCH_SIZE {max_batch_size}; the server's window (served, batch, queue, "
+    print(f"simulated device, MAX_BATCH_SIZE {max_batch_size}; the server's window (served, calls, batch, queue, "
           "device, busy) and locust's (p50, p99, n)")
-    print(f"{'offered':>7} {'served':>6} {'policy':>6} {'wait':>5} {'batch':>6} {'queue':>6} {'device/req':>10} "
+    print(f"{'offered':>7} {'served':>6} {'policy':>6} {'wait':>5} {'calls':>5} {'batch':>6} {'queue':>6} {'device/req':>10} "
           f"{'busy':>5} {'p50':>5} {'p99':>5} {'n':>5}")
-    print(f"{'req/s':>7} {'req/s':>6} {'':>6} {'ms':>5} {'rows':>6} {'ms':>6} {'ms':>10} {'':>5} {'ms':>5} {'ms':>5}")
+    print(f"{'req/s':>7} {'req/s':>6} {'':>6} {'ms':>5} {'':>5} {'rows':>6} {'ms':>6} {'ms':>10} {'':>5} {'ms':>5} {'ms':>5}")
     for load, line in points.items():
         for p in line:
             where, seen = p["mean batch"].where, p["mean batch"].observed
             print(f"{load:>7g} {seen['served_rps']:>6.0f} {where['policy']:>6} {where['max_wait_ms']:>5g} "
-                  f"{p['mean batch'].value:>6.2f} {p['queue wait'].value * 1e3:>6.1f} "
+                  f"{seen.get('batches', 0):>5} {p['mean batch'].value:>6.2f} {p['queue wait'].value * 1e3:>6.1f} "
                   f"{p['device time per request'].value * 1e3:>10.2f} {p['busy fraction'].value:>5.0%} "
                   f"{p['p50'].value * 1e3:>5.0f} {p['p99'].value * 1e3:>5.0f} {seen['requests']:>5}")
     if any(p["busy fraction"].value > 0.995 for line in points.values() for p in line):

@@ -1618,7 +1618,8 @@ def sweep_point(row: Mapping[str, Any]) -> dict[str, Measurement]:
     them device time per request and busy fraction, by the definitions of
     :func:`device_time_per_request` and :func:`busy_fraction`; the mean queue wait) and
     locust's p50 and p99; where the row has what reached the server, the served share
-    (:func:`definitions.served_share`).
+    (:func:`definitions.served_share`). Each record's context carries the window's calls
+    (``batches``) where the row has them.
     Conditions: the point's model, policy, MAX_WAIT as the server ran it
     (``effective_max_wait_ms`` where the row has it), MAX_BATCH_SIZE and offered load: a
     verdict compares two points only at the same load. Refused: a point whose requests failed.
@@ -1629,6 +1630,8 @@ def sweep_point(row: Mapping[str, Any]) -> dict[str, Measurement]:
     where = {"policy": row["policy"], "max_wait_ms": row.get("effective_max_wait_ms", row["max_wait_ms"]),
              "max_batch_size": row["max_batch_size"], "offered_rps": row["offered_rps"], "clock": "wall"}
     context = {"requests": row["requests"], "shed": row["shed_503"]}
+    if row.get("batches"):
+        context["batches"] = int(row["batches"])   # the calls the server's window counted: what its mean batch rests on
     if row.get("device_seconds_per_request"):
         context["served_rps"] = round(row["device_busy_fraction"] / row["device_seconds_per_request"], 1)
     records = {}

@@ -804,7 +804,8 @@ def _sweep_row(**more):
     row = {"policy": "timer", "max_batch_size": 32, "max_wait_ms": 124.0, "effective_max_wait_ms": 124.0,
            "offered_rps": 36.0, "failures": 0, "shed_503": 0, "requests": 208, "model": "sim",
            "mean_batch_size": 6.21, "mean_queue_wait_ms": 79.6, "p50_ms": 120.0, "p99_ms": 180.0,
-           "device_seconds_per_request": 0.00557, "device_busy_fraction": 0.21, "achieved_rps": 35.2}
+           "device_seconds_per_request": 0.00557, "device_busy_fraction": 0.21, "achieved_rps": 35.2,
+           "batches": 34}
     return {**row, **more}
 
 
@@ -818,6 +819,7 @@ def test_sweep_point_reads_each_column_in_its_unit():
     assert records["p50"].where == {"policy": "timer", "max_wait_ms": 124.0, "max_batch_size": 32,
                                     "offered_rps": 36.0, "clock": "wall"}
     assert records["p50"].observed["served_rps"] == pytest.approx(0.21 / 0.00557, abs=0.1)
+    assert records["mean batch"].observed["batches"] == 34   # what the window's mean batch rests on
     assert "served share" not in records   # the row holds no count of what reached the server
     shed = instruments.sweep_point(_sweep_row(achieved_rps=30.0, sent_rps=40.0, shed_503=40))
     assert shed["served share"].value == pytest.approx(0.75) and shed["served share"].unit == "share"
