@@ -2088,8 +2088,8 @@ def loop_hardly_noticed(worst_s: float, stalls_s: Mapping[str, float], body: str
 
 def parse_ramps(slopes: Mapping[str, float | None]) -> Verdict:
     """Whether every server of ``slopes`` (case -> latency against send time, ms per ms, of the
-    small requests sent while the large body was in the server; None with too few of them)
-    shows the ramp of a stall: a slope at or below :data:`RAMP_SLOPE`."""
+    small requests that stalled while the large body was in the server; None with too few of
+    them) shows the ramp of a stall: a slope at or below :data:`RAMP_SLOPE`."""
     holds = all(slope is not None and slope <= RAMP_SLOPE for slope in slopes.values())
     word = "show the ramp" if holds else "do not all show the ramp"
     shown = _and(f"{case} {'n/a' if slope is None else signed(format(slope, '+.2f'))}"
