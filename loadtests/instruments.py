@@ -122,22 +122,36 @@ class Measurement:
         details = [f"{k}={v}" for k, v in self.conditions + self.context]
         return text + ("; " + ", ".join(details) if details else "") + ")"
 
-    def shown(self, scale_of: float | None = None) -> str:
+    def shown(self, scale_of: float | None = None, decimals: int | None = None) -> str:
         """The value as a sentence prints it, with its range when it has repeats:
         ``164 µs (148–185 µs over 3 repeats)``, ``155 µs (155 µs in each of 3 repeats)``.
         ``scale_of``: a magnitude whose unit (s, ms or µs) to write seconds in, so that records
-        set side by side in one sentence share a unit (``verdicts``); default: this record's own."""
-        text = self._value_text(scale_of)
-        return f"{text} ({self.spread_text(scale_of)})" if self.repeats > 1 else text
+        set side by side in one sentence share a unit (``verdicts``); default: this record's own.
+        ``decimals``: those of a range set beside this one (default: its own,
+        :func:`range_decimals`), so that ``68.5–90.6 ms`` never stands beside ``91–101 ms`` when
+        the second's low end is 90.5."""
+        text = self._value_text(scale_of, decimals)
+        return f"{text} ({self.spread_text(scale_of, decimals)})" if self.repeats > 1 else text
 
-    def _value_text(self, scale_of: float | None = None) -> str:
+    def range_decimals(self, scale_of: float | None = None) -> int | None:
+        """The decimals this record's range prints to, or None when it prints none (one repeat,
+        or two ends that print the same)."""
+        scale = max(abs(end) for end in self.spread) if scale_of is None else scale_of
+        if self.repeats == 1 or self._ends_alike(scale):
+            return None
+        return range_decimals(*self.spread, self.unit, scale)
+
+    def _value_text(self, scale_of: float | None = None, decimals: int | None = None) -> str:
         """The value in the unit and to the decimals its range is written in (seconds in s, ms or
         µs as the range's larger end needs), so that ``0.40 s (0.30–1.31 s ...)`` never reads
         ``401 ms (0.301–1.31 s``, nor ``296 requests/s (292.1–303.2 requests/s``."""
         if self.repeats == 1:
             return _show(self.value, self.unit, scale_of=scale_of)
         scale = max(abs(end) for end in self.spread) if scale_of is None else scale_of
-        decimals = None if self._ends_alike(scale) else range_decimals(*self.spread, self.unit, scale)
+        if self._ends_alike(scale):
+            decimals = None
+        elif decimals is None:
+            decimals = range_decimals(*self.spread, self.unit, scale)
         return _show(self.value, self.unit, scale_of=scale, decimals=decimals)
 
     def _ends_alike(self, scale: float) -> bool:
@@ -145,15 +159,15 @@ class Measurement:
         low, high = self.spread
         return _show(low, self.unit, scale_of=scale) == _show(high, self.unit, scale_of=scale)
 
-    def spread_text(self, scale_of: float | None = None) -> str:
+    def spread_text(self, scale_of: float | None = None, decimals: int | None = None) -> str:
         """The range over the repeats as every sentence writes it: ``120–140 µs over 3 repeats``,
-        or ``98% in each of 3 repeats`` when its two ends print the same (``scale_of``: as
-        :meth:`shown`'s)."""
+        or ``98% in each of 3 repeats`` when its two ends print the same (``scale_of`` and
+        ``decimals``: as :meth:`shown`'s)."""
         low, high = self.spread
         scale = high if scale_of is None else scale_of
         if self._ends_alike(scale):
             return f"{_show(high, self.unit, scale_of=scale)} in each of {self.counted()}"
-        return f"{show_range(low, high, self.unit, scale_of)} over {self.counted()}"
+        return f"{show_range(low, high, self.unit, scale_of, decimals)} over {self.counted()}"
 
     def counted(self) -> str:
         """How many the spread runs over, as a sentence says it: ``3 repeats``, ``one repeat``,
@@ -255,14 +269,16 @@ def show_values(values: Sequence[float], unit: str, scale_of: float | None = Non
     return [_show(value, unit, scale_of=scale, decimals=decimals) for value in values]
 
 
-def show_range(low: float, high: float, unit: str, scale_of: float | None = None) -> str:
+def show_range(low: float, high: float, unit: str, scale_of: float | None = None,
+               decimals: int | None = None) -> str:
     """A range as every printed sentence writes it: ``12–34%``, ``120–140 µs``, the unit once,
-    both ends to the same decimals (:func:`range_decimals`); a range that crosses zero reads
-    ``from −88% to 59%`` (a true minus sign), since ``−88–59%`` reads as a subtraction.
-    ``scale_of``: as ``Measurement.shown``'s (default: the range's larger end)."""
+    both ends to the same decimals (:func:`range_decimals`, or ``decimals``); a range that
+    crosses zero reads ``from −88% to 59%`` (a true minus sign), since ``−88–59%`` reads as a
+    subtraction. ``scale_of``: as ``Measurement.shown``'s (default: the range's larger end)."""
     if scale_of is None:
         scale_of = max(abs(low), abs(high))   # from −1.34 ms to 0.57 ms; 120–140 µs
-    decimals = range_decimals(low, high, unit, scale_of)
+    if decimals is None:
+        decimals = range_decimals(low, high, unit, scale_of)
     high_text = _show(high, unit, scale_of=scale_of, decimals=decimals)
     if low < 0:
         return f"from {_show(low, unit, scale_of=scale_of, decimals=decimals)} to {high_text}"

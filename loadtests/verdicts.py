@@ -1417,11 +1417,16 @@ def _values(*records: Measurement) -> list[str]:
     (``Measurement.shown``: one way to write a value in every sentence), all in one unit, that
     of the smallest of their values, so that ``768 ms`` is never set against ``1.03 s`` (it
     reads ``768 ms … against 1057 ms``). Single readings share the decimals of the larger, as a
-    range's two ends do: ``6.7 ms against 21.2 ms``, not ``6.71 ms against 21.2 ms``."""
+    range's two ends do: ``6.7 ms against 21.2 ms``, not ``6.71 ms against 21.2 ms``. Ranges
+    share the most decimals any of them needs, so that whether they overlap reads off the page:
+    ``68.5–90.6 ms`` against ``90.5–101.0 ms``, never against ``91–101 ms``."""
     scale = min((abs(record.value) for record in records if record.value), default=1.0)
     if all(record.repeats == 1 for record in records) and len({record.unit for record in records}) == 1:
         return show_values([record.value for record in records], records[0].unit, scale)
-    return [record.shown(scale_of=scale) for record in records]
+    needs = [record.range_decimals(scale) for record in records]
+    needs = [d for d in needs if d is not None]
+    decimals = max(needs) if len(needs) > 1 and len({record.unit for record in records}) == 1 else None
+    return [record.shown(scale_of=scale, decimals=decimals) for record in records]
 
 
 def setting_label(record: Measurement) -> str:
@@ -1907,6 +1912,7 @@ def recovered_for_good(recovery_s: float | None, *, base_s: float, spare_s: floa
     before the spike takes; more is printed as unexplained. ``lone_over``: later windows over
     the factor, each alone. ``note``: what the probes answered, printed last."""
     line = f"{factor * level_s * 1e3:.0f} ms, {factor:g}× the pre-spike level ({level_s * 1e3:.0f} ms)"
+    lone_over = int(lone_over)   # a count of numpy booleans is a numpy integer, whose != is no bool
     later = (f"; later, {lone_over} lone {window_s:g} s window{'s' * (lone_over != 1)} over the factor, never two "
              f"in a row" if lone_over else "")
     if recovery_s is None:

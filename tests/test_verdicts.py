@@ -9,6 +9,7 @@ import statistics
 
 import sys
 
+import numpy as np
 import pytest
 from conftest import ROOT
 
@@ -1643,6 +1644,19 @@ def test_a_range_whose_ends_print_the_same_is_written_once():
     assert "155 µs (155 µs in each of 3 repeats)" in sentence and "164 µs (148–185 µs over 3 repeats)" in sentence
 
 
+def test_two_ranges_set_side_by_side_share_their_decimals():
+    """12's run printed "70.5 ms (68.5–90.6 ms …) … from the book's … 92 ms (91–101 ms …): their
+    ranges over the repeats overlap": the book's 90.52 ms, written to its own whole
+    milliseconds, read as 91 and hid the overlap the sentence named."""
+    mmserver = measurement("worst", "linear", 0.0705, "s", (0.0685, 0.0906), 3, samples=(0.0685, 0.0705, 0.0906))
+    book = measurement("worst", "linear", 0.092, "s", (0.09052, 0.101), 3, samples=(0.09052, 0.092, 0.101))
+    sentence = verdicts.compared(mmserver, book, "on mmserver", "the book's").sentence
+    assert "70.5 ms (68.5–90.6 ms over 3 repeats)" in sentence and "92.0 ms (90.5–101.0 ms over 3 repeats)" in sentence
+    assert "ranges over the repeats overlap" in sentence
+    alone = verdicts.compared(book, measurement("worst", "linear", 0.05, "s", (0.05, 0.05), 3), "a", "b").sentence
+    assert "92 ms (91–101 ms over 3 repeats)" in alone   # beside no other range, its own decimals
+
+
 def test_a_neighbours_p50s_print_as_every_compared_value_does():
     verdict = verdicts.neighbour_gains(point("p50", 0.185, model="b"), point("p50", 0.125, model="b"))
     assert "p50 185 ms beside a greedy one, 125 ms beside a waiting one" in verdict.sentence
@@ -1773,6 +1787,9 @@ def test_a_recovery_counts_with_time_to_spare_and_a_missing_one_fails_cleanly():
     slow = verdicts.recovered_for_good(2.0, lone_over=1, **common)
     assert slow.holds and "2.0 s after the peak ended: 4 windows, where a backlog draining as fast" in slow.sentence
     assert "later, 1 lone 0.5 s window over the factor" in slow.sentence
+    over = np.array([False, True, False, True])   # 13 counts them as sum() of numpy booleans: a numpy integer
+    twice = verdicts.recovered_for_good(2.0, lone_over=sum(over), **common)
+    assert "later, 2 lone 0.5 s windows over the factor, never two in a row" in twice.sentence
     late = verdicts.recovered_for_good(5.5, lone_over=0, **common)          # 0.5 s to spare, 1 s asked
     assert not late.holds and late.word == "recovered too late"
     never = verdicts.recovered_for_good(None, lone_over=0, **common)        # no window back for good
