@@ -415,7 +415,7 @@ def device_time_saved(greedy_s_per_request: float, waiting_s_per_request: float)
 
     ``1 − waiting / greedy``, both ``device_seconds_per_request`` at one offered load below
     capacity. The saved time is worth something only when something else uses the device
-    (another model, a bill per device-second); it is not headroom for the same model, whose
+    (another model, a bill for the device's busy seconds); it is not headroom for the same model, whose
     batches fill at saturation under greedy anyway.
     """
     _positive(greedy_s_per_request=greedy_s_per_request)
