@@ -133,9 +133,9 @@ class Measurement:
         text = self._value_text(scale_of, decimals)
         return f"{text} ({self.spread_text(scale_of, decimals)})" if self.repeats > 1 else text
 
-    def range_decimals(self, scale_of: float | None = None) -> int | None:
-        """The decimals this record's range prints to, or None when it prints none (one repeat,
-        or two ends that print the same)."""
+    def own_decimals(self, scale_of: float | None = None) -> int | None:
+        """The decimals this record's range prints to by itself (:func:`range_decimals`), or
+        None when it prints none (one repeat, or two ends that print the same)."""
         scale = max(abs(end) for end in self.spread) if scale_of is None else scale_of
         if self.repeats == 1 or self._ends_alike(scale):
             return None
@@ -148,11 +148,9 @@ class Measurement:
         if self.repeats == 1:
             return _show(self.value, self.unit, scale_of=scale_of)
         scale = max(abs(end) for end in self.spread) if scale_of is None else scale_of
-        if self._ends_alike(scale):
-            decimals = None
-        elif decimals is None:
-            decimals = range_decimals(*self.spread, self.unit, scale)
-        return _show(self.value, self.unit, scale_of=scale, decimals=decimals)
+        own = self.own_decimals(scale)
+        return _show(self.value, self.unit, scale_of=scale, decimals=None if own is None else
+                     own if decimals is None else decimals)
 
     def _ends_alike(self, scale: float) -> bool:
         """The range's two ends print the same (it reads "in each of")."""

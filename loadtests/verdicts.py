@@ -1421,11 +1421,11 @@ def _values(*records: Measurement) -> list[str]:
     share the most decimals any of them needs, so that whether they overlap reads off the page:
     ``68.5–90.6 ms`` against ``90.5–101.0 ms``, never against ``91–101 ms``."""
     scale = min((abs(record.value) for record in records if record.value), default=1.0)
-    if all(record.repeats == 1 for record in records) and len({record.unit for record in records}) == 1:
+    one_unit = len({record.unit for record in records}) == 1
+    if all(record.repeats == 1 for record in records) and one_unit:
         return show_values([record.value for record in records], records[0].unit, scale)
-    needs = [record.range_decimals(scale) for record in records]
-    needs = [d for d in needs if d is not None]
-    decimals = max(needs) if len(needs) > 1 and len({record.unit for record in records}) == 1 else None
+    needs = [d for d in (record.own_decimals(scale) for record in records) if d is not None]
+    decimals = max(needs) if len(needs) > 1 and one_unit else None
     return [record.shown(scale_of=scale, decimals=decimals) for record in records]
 
 
