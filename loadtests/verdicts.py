@@ -1664,8 +1664,8 @@ def runners_batch_apart(busy_mean_batch: float, busy_clients: int, busy_wait_s: 
 def _fine_share(share: Measurement) -> str:
     """A served share to a tenth of a per cent, with its range: near 100 % whole per cents hide
     what a setting shed (99.5 % reads 100 %)."""
-    low, high = (f"{end:.1%}" for end in share.spread)
-    spread = f"{high} in each of" if low == high else f"{low}–{high} over"
+    low, high = (f"{end * 100:.1f}" for end in share.spread)
+    spread = f"{high}% in each of" if low == high else f"{low}–{high}% over"
     return f"{share.value:.1%} ({spread} {share.counted()})" if share.repeats > 1 else f"{share.value:.1%}"
 
 

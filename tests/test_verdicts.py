@@ -5,6 +5,7 @@ Among the records: the counterexamples a skeptical reading of the notebooks foun
 from __future__ import annotations
 
 import dataclasses
+import re
 import statistics
 
 import sys
@@ -1463,6 +1464,15 @@ def test_a_tie_is_not_ranked_by_each_run_s_own_arrivals():
     assert "answered at 221 requests/s offered: timer 16 / 70 ms: 100.0% (100.0% in each of 2 repeats), greedy 16: " \
            "100.0%" in verdict.sentence, verdict.sentence
     assert "tied, largest served share first: timer 16 / 70 ms, greedy 16)" in verdict.sentence
+
+
+def test_a_served_share_s_range_writes_its_unit_once():
+    """07's run printed "65.2%–70.9% over 2 repeats": every other range writes its unit once."""
+    held = [sweep_point("greedy", 4, 0, 80, 70, 80), sweep_point("greedy", 16, 0, 80, 62, 80)]
+    nxt = [sweep_point("greedy", 4, 0, 160, 155, 108, spread=4), sweep_point("greedy", 16, 0, 160, 155, 110, spread=4)]
+    sentence = verdicts.choose_setting(held + nxt, 0.1106, DEFAULT).sentence
+    assert re.search(r"greedy 4: \d+\.\d% \(\d+\.\d–\d+\.\d% over \d+ repeats\)", sentence), sentence
+    assert not re.search(r"\d%–", sentence), sentence
 
 
 def test_a_tie_without_the_default_among_it_is_said_not_broken_by_device_time():
