@@ -62,8 +62,8 @@ def within_late(measured: float, truth: float, late_s: float = LATE_S, early_s: 
 #: t(b) chosen so that every rule shows: batch 1 off the line (20 ms against F + c = 11.25 ms),
 #: the line 10 ms + 1.25 ms·b through 2, 4, 8, and rows/s best at 16, not at B = 32 (past 16
 #: each row costs 2.5 ms more), so a ceiling that skips 16 is wrong. Milliseconds, not tenths:
-#: each call's sleeps overshoot by a scheduler's wake-up (about 0.1 ms each, three a call), 3 %
-#: of the shortest call here.
+#: each call's one sleep overshoots by a scheduler's wake-up (about 0.05 ms a call), a few
+#: tenths of a per cent of the shortest call here.
 F_S, C_S, T1_S, BENT_FROM = 0.010, 0.00125, 0.020, 16
 B_SIM = 32
 
