@@ -237,7 +237,9 @@ def _unsigned_show(value: float, unit: str, with_unit: bool, scale_of: float | N
         value *= scale
         if decimals is None:
             decimals = 0 if abs(value) >= 1000 else None
-        number = f"{value:.{SECONDS_DIGITS}g}" if decimals is None else f"{value:.{decimals}f}"
+        if decimals is None:   # its significant digits, trailing zeros kept: 1.00 s, never 1 s
+            decimals = 0 if value == 0 else max(0, SECONDS_DIGITS - 1 - math.floor(math.log10(abs(value))))
+        number = f"{value:.{decimals}f}"
         return f"{number} {name}" if with_unit else number
     number = f"{value:.{OTHER_DIGITS}g}" if decimals is None else f"{value:.{decimals}f}"
     return f"{number} {unit}" if with_unit else number

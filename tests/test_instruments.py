@@ -421,7 +421,9 @@ def test_both_ends_of_a_range_and_its_value_share_the_decimals_of_its_larger_end
     assert instruments.show_range(52.1e-3, 59e-3, "s") == "52.1–59.0 ms"
     assert instruments.show_range(1.2, 1800.5, "s") == "1–1800 s"      # whole numbers from 1000 on
     alike = instruments.measurement("p99", "m", 0.092, "s", (0.092, 0.092), 2)
-    assert alike.shown() == "92 ms (92 ms in each of 2 repeats)"     # no range: its own digits
+    assert alike.shown() == "92.0 ms (92.0 ms in each of 2 repeats)"     # no range: its own digits
+    lone = instruments.measurement("queue wait", "m", 1.0033, "s", (1.0033, 1.0033), 1)
+    assert lone.shown() == "1.00 s"   # 02 printed "1 s" beside a verdict's 1.003 s: zeros are digits too
 
 
 def test_single_readings_side_by_side_share_the_decimals_of_the_larger():
