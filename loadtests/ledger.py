@@ -131,7 +131,7 @@ class Ledger:
             return notes
         if own_other:
             return [f"no other notebook's record of {record.quantity} of {record.model} in this run's ledger: "
-                    f"nothing compared ({notebook}'s own records under other conditions are compared in its cells)."]
+                    f"nothing compared ({notebook}'s own records under other conditions are its cells' to judge)."]
         return [f"no earlier record of {record.quantity} of {record.model} in this run's ledger: nothing compared."]
 
     def record(self, record: Measurement, notebook: str) -> list[str]:

@@ -1582,18 +1582,22 @@ def heap_keeps_buffers(fault_share: float, fewer_faults: int) -> Verdict:
 
 
 def unload_waited(statuses: Sequence[int], unload_status: int, after_status: int, unload_s: float,
-                  last_answer_s: float, slack_s: float) -> Verdict:
-    """Whether an unload waited for the work its model had accepted (appendix 05): every request
-    in flight answered 200, the DELETE answered 200 no sooner than the last of them, and an
-    invocation after it got 404. Times are seconds from the burst's start as the client read
-    them; ``slack_s`` is how far apart the client's threads may read answers sent together."""
+                  last_answer_s: float, slack_s: float, unanswered_at_send: int) -> Verdict:
+    """Whether an unload waited for the work its model had accepted (appendix 05): the DELETE
+    went out while requests were still unanswered (``unanswered_at_send``, at least one: else
+    there was nothing to wait for), every request answered 200, the DELETE answered 200 no
+    sooner than the last of them, and an invocation after it got 404. Times are seconds from
+    the burst's start as the client read them; ``slack_s`` is how far apart the client's threads
+    may read answers sent together."""
     ok = sum(status == 200 for status in statuses)
     after_last = unload_s >= last_answer_s - slack_s
-    holds = ok == len(statuses) and unload_status == 200 and after_status == 404 and after_last
+    holds = (unanswered_at_send >= 1 and ok == len(statuses) and unload_status == 200
+             and after_status == 404 and after_last)
     word = "waited for" if holds else "did not wait for"
     return Verdict("an unload waits for the accepted work", holds, word,
-                   f"The unload {word} the accepted work: {ok} of the {len(statuses)} requests in flight answered 200; "
-                   f"the DELETE answered {unload_status} {'after' if after_last else 'before'} the last of them "
+                   f"The unload {word} the accepted work: {ok} of the {len(statuses)} requests answered 200; "
+                   f"the DELETE, sent while {unanswered_at_send} of them were unanswered, answered {unload_status} "
+                   f"{'after' if after_last else 'before'} the last of them "
                    f"({unload_s:.2f} s against {last_answer_s:.2f} s, {slack_s * 1e3:.0f} ms allowed for the client's "
                    f"threads); an invocation after it got {after_status}"
                    + (" (the model was gone)." if after_status == 404 else "."))
@@ -1654,7 +1658,7 @@ def runners_batch_apart(busy_mean_batch: float, busy_clients: int, busy_wait_s: 
     word = "batched apart" if holds else "did not batch apart"
     return Verdict("each model batches in its own runner", holds, word,
                    f"The two models {word}: the busy one, with {busy_clients} clients, formed batches of "
-                   f"{busy_mean_batch:.1f} rows on average (more than {MANY_ROWS} needed) and its requests "
+                   f"{busy_mean_batch:.1f} rows on average (the claim asks for more than {MANY_ROWS}) and its requests "
                    f"waited {busy_wait_s * 1e3:.2f} ms in its queue on average; the other's one client's "
                    f"{lone_requests} requests waited {lone_wait_s * 1e3:.2f} ms "
                    f"({'shorter, beyond' if ahead else 'not shorter beyond'} the noise band of "

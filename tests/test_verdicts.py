@@ -292,7 +292,7 @@ def test_the_wait_saved_at_one_load():
                     max_wait_ms=20)
     verdict = verdicts.wait_saved(greedy, timer)
     assert verdict.holds and verdict.word == "saved" and verdict.rule == verdicts.TOLD_APART_RULE
-    assert verdict.sentence == ("At 34 requests/s, the wait saved device time per request: 8.1 ms (8.1 ms in each of "
+    assert verdict.sentence == ("At 34 requests/s, the wait saved device time per request: 8.10 ms (8.10 ms in each of "
                                 "3 repeats) against 12.9 ms (12.9 ms in each of 3 repeats) without the wait (37% less).")
     little = seconds("device time per request", 12.0e-3, "resnet18", "wall", offered_rps=34, policy="timer")
     untold = verdicts.wait_saved(greedy, little)   # CI's quick run of 07: 11.40 against 12.83 ms
@@ -759,8 +759,8 @@ CASES = {
         lambda: verdicts.cpu_within_wall(
         measurement("t(1)", "m", 10e-3, "s", (10e-3, 10e-3), 5, {"clock": "cpu", "threads": 1}),
         measurement("t(1)", "m", 7e-3, "s", (7e-3, 7e-3), 5, {"clock": "wall", "threads": 1}), "01")),
-    "unload waited": (lambda: verdicts.unload_waited([200] * 12, 200, 404, 1.61, 1.60, 0.05),
-                      lambda: verdicts.unload_waited([200] * 12, 200, 404, 0.42, 1.60, 0.05)),
+    "unload waited": (lambda: verdicts.unload_waited([200] * 12, 200, 404, 1.61, 1.60, 0.05, 12),
+                      lambda: verdicts.unload_waited([200] * 12, 200, 404, 0.42, 1.60, 0.05, 12)),
     "full batches": (lambda: verdicts.no_sooner_than_batches(1.21, 12, 4, 0.4, 0.05),
                      lambda: verdicts.no_sooner_than_batches(0.45, 12, 4, 0.4, 0.05)),
     "rows match": (lambda: verdicts.batched_rows_match(0.31, 0, 48, (16, 32)),
@@ -1877,11 +1877,13 @@ def test_a_second_host_scales_only_when_both_are_busy_and_few_clients_leave_call
 def test_an_unload_that_answered_before_the_accepted_work_did_not_wait():
     """05: the DELETE must answer no sooner than the last request in flight, less the client's
     50 ms; a 200 lost among the requests, or a model still there after, fails it too."""
-    assert verdicts.unload_waited([200] * 12, 200, 404, 1.58, 1.60, 0.05).holds    # within the slack
-    early = verdicts.unload_waited([200] * 12, 200, 404, 1.50, 1.60, 0.05)
+    assert verdicts.unload_waited([200] * 12, 200, 404, 1.58, 1.60, 0.05, 12).holds    # within the slack
+    early = verdicts.unload_waited([200] * 12, 200, 404, 1.50, 1.60, 0.05, 12)
     assert not early.holds and "answered 200 before the last of them (1.50 s against 1.60 s" in early.sentence
-    assert not verdicts.unload_waited([200] * 11 + [503], 200, 404, 1.7, 1.6, 0.05).holds
-    assert not verdicts.unload_waited([200] * 12, 200, 200, 1.7, 1.6, 0.05).holds
+    assert not verdicts.unload_waited([200] * 11 + [503], 200, 404, 1.7, 1.6, 0.05, 12).holds
+    assert not verdicts.unload_waited([200] * 12, 200, 200, 1.7, 1.6, 0.05, 12).holds
+    late = verdicts.unload_waited([200] * 12, 200, 404, 1.7, 1.6, 0.05, 0)   # sent after every answer
+    assert not late.holds and "sent while 0 of them were unanswered" in late.sentence
 
 
 def test_answers_sooner_than_full_batches_allow_fail():
