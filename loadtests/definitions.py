@@ -311,8 +311,8 @@ def full_queue_wait_s(max_queue_size: int, max_batch_size: int, drain_rps: float
 
 def least_queue_wait_s(max_queue_size: int, drain_rps: float) -> float:
     """The queue's lower bound: ``Q / X``, what a request admitted into a full queue waits
-    when it arrives as a batch ends, for the ``Q / B`` batches ahead of it and its own
-    (:func:`full_queue_wait_s` has the symbols, and the upper bound)."""
+    when it arrives as a batch ends, for the ``Q / B`` batches the queue holds, its own among
+    them (:func:`full_queue_wait_s` has the symbols, and the upper bound)."""
     _positive(max_queue_size=max_queue_size, drain_rps=drain_rps)
     return max_queue_size / drain_rps
 
