@@ -2045,16 +2045,21 @@ def second_host_scales(two_rate: float, one_rate: float, per_host: Sequence[int]
 
 
 def few_clients_part_empty(few_rate: float, full_rate: float, mean_batch: float, max_batch: int,
-                           ceiling: float, clients: int) -> Verdict:
+                           ceiling: float, clients: int, p50_s: float, call_s: float) -> Verdict:
     """Whether too few clients left two hosts' calls part-empty: under :data:`PART_EMPTY` of the
-    full run's throughput, with mean batches under :data:`PART_EMPTY` of ``max_batch``."""
+    full run's throughput, with mean batches under :data:`PART_EMPTY` of ``max_batch``. ``p50_s``
+    (the few clients' median latency) in calls of ``call_s`` says how: greedy starts a call for
+    whoever is queued when the device frees, so a client back a moment later waits out that
+    whole call, and a median near two calls is a request that did."""
     holds = few_rate < PART_EMPTY * full_rate and mean_batch < PART_EMPTY * max_batch
     return Verdict("few clients leave the calls part-empty", holds, "part-empty" if holds else "not part-empty",
                    f"With {clients} clients the two hosts served {few_rate:.1f} requests/s, {few_rate / ceiling:.2f}× one "
                    f"device's ceiling: their calls ran {'part-empty' if holds else 'about as full'} ({mean_batch:.2f} rows "
                    f"of {max_batch} on average)"
-                   + (", consistent with calls starting before a full batch arrived (the cause is not measured here). "
-                      "Offer enough concurrency, or a scaling test measures its clients." if holds else "."))
+                   + (f", consistent with calls that started for whoever had come back when the device freed: the "
+                      f"median request took {p50_s / call_s:.1f} calls ({p50_s * 1e3:.0f} ms against {call_s * 1e3:.0f} ms "
+                      f"a call), its own and the one it waited out. Offer enough concurrency, or a scaling test "
+                      f"measures its clients." if holds else "."))
 
 
 # -- notebook 12: a large body decoded beside small requests -----------------------------------
@@ -2069,16 +2074,21 @@ STALL_SHARE = 0.5
 RAMP_SLOPE = -0.5
 
 
-def stalled_behind_parse(worst_s: float, parse_s: float, server: str) -> Verdict:
+def stalled_behind_parse(worst_s: float, parse_s: float, server: str,
+                         whole_decode_s: float | None = None) -> Verdict:
     """Whether a small request stalled behind a large JSON body's parse: the worst of those in
     flight beside the large one waited more than :data:`STALL_SHARE` of ``parse_s``, the parse
-    alone. ``server`` names it, and where it parses."""
+    alone. ``server`` names it, and where it parses; ``whole_decode_s``, when timed, the
+    server's whole decode (the parse, then the lists into a tensor), printed beside it: the
+    conversion holds the GIL too, so a stall may last as long as both."""
     holds = worst_s > STALL_SHARE * parse_s
     word = "a stall" if holds else "no stall"
+    whole = ("" if whole_decode_s is None else
+             f" ({whole_decode_s * 1e3:.0f} ms for its whole decode, the lists' conversion included)")
     return Verdict("a small request stalled behind the parse", holds, word,
                    f"On {server} the worst small request beside the large one waited {worst_s * 1e3:.0f} ms, "
-                   f"against {parse_s * 1e3:.0f} ms for json.loads alone: {word} (one counts when it passes "
-                   f"{STALL_SHARE:.0%} of that).")
+                   f"against {parse_s * 1e3:.0f} ms for json.loads alone{whole}: {word} (one counts when it "
+                   f"passes {STALL_SHARE:.0%} of the parse).")
 
 
 def loop_hardly_noticed(worst_s: float, stalls_s: Mapping[str, float], body: str) -> Verdict:

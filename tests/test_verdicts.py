@@ -1759,6 +1759,9 @@ def test_a_small_request_stalled_behind_a_parse_only_past_half_of_it():
     assert stall.holds and stall.word == "a stall"
     assert stall.sentence.startswith("On the book's server the worst small request beside the large one waited 136 ms, "
                                      "against 97 ms for json.loads alone: a stall"), stall.sentence
+    whole = verdicts.stalled_behind_parse(0.136, 0.097, "mmserver", 0.130)
+    assert "against 97 ms for json.loads alone (130 ms for its whole decode, the lists' conversion included): " \
+           "a stall" in whole.sentence
     assert not verdicts.stalled_behind_parse(0.040, 0.097, "mmserver")          # under half: anything else
     assert verdicts.stalled_behind_parse(0.049, 0.097, "mmserver").holds         # just past half
 
@@ -1865,10 +1868,11 @@ def test_a_second_host_scales_only_when_both_are_busy_and_few_clients_leave_call
     assert not verdicts.second_host_scales(14.0, 10.0, [70, 70])             # 1.4x
     idle = verdicts.second_host_scales(18.8, 10.0, [100, 13])                # one host took almost nothing
     assert not idle.holds and idle.sentence.endswith("one host nearly idle.")
-    empty = verdicts.few_clients_part_empty(9.8, 18.8, 1.97, 4, 10.0, 8)
+    empty = verdicts.few_clients_part_empty(9.8, 18.8, 1.97, 4, 10.0, 8, 0.802, 0.4)
     assert empty.holds and "their calls ran part-empty (1.97 rows of 4 on average), consistent" in empty.sentence
-    assert not verdicts.few_clients_part_empty(17.0, 18.8, 3.8, 4, 10.0, 8)  # as full as with all clients
-    assert not verdicts.few_clients_part_empty(9.8, 18.8, 3.6, 4, 10.0, 8)   # slower, yet full batches
+    assert "the median request took 2.0 calls (802 ms against 400 ms a call)" in empty.sentence
+    assert not verdicts.few_clients_part_empty(17.0, 18.8, 3.8, 4, 10.0, 8, 0.45, 0.4)  # as full as with all clients
+    assert not verdicts.few_clients_part_empty(9.8, 18.8, 3.6, 4, 10.0, 8, 0.45, 0.4)   # slower, yet full batches
 
 
 # -- appendix checks with a client's slack (05, 10) -------------------------------------------------
