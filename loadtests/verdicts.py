@@ -2044,6 +2044,10 @@ def second_host_scales(two_rate: float, one_rate: float, per_host: Sequence[int]
                    + ("both hosts busy." if busy else "one host nearly idle."))
 
 
+#: A median latency of at least this many calls is a request that waited out a call before its own.
+WAITED_OUT_CALLS = 1.5
+
+
 def few_clients_part_empty(few_rate: float, full_rate: float, mean_batch: float, max_batch: int,
                            ceiling: float, clients: int, p50_s: float, call_s: float) -> Verdict:
     """Whether too few clients left two hosts' calls part-empty: under :data:`PART_EMPTY` of the
@@ -2058,8 +2062,8 @@ def few_clients_part_empty(few_rate: float, full_rate: float, mean_batch: float,
                    f"of {max_batch} on average)"
                    + (f", consistent with calls that started for whoever had come back when the device freed: the "
                       f"median request took {p50_s / call_s:.1f} calls ({p50_s * 1e3:.0f} ms against {call_s * 1e3:.0f} ms "
-                      f"a call), its own and the one it waited out. Offer enough concurrency, or a scaling test "
-                      f"measures its clients." if holds else "."))
+                      f"a call)" + (", its own and the one it waited out" if p50_s >= WAITED_OUT_CALLS * call_s else "")
+                      + ". Offer enough concurrency, or a scaling test measures its clients." if holds else "."))
 
 
 # -- notebook 12: a large body decoded beside small requests -----------------------------------

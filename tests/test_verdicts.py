@@ -1870,7 +1870,10 @@ def test_a_second_host_scales_only_when_both_are_busy_and_few_clients_leave_call
     assert not idle.holds and idle.sentence.endswith("one host nearly idle.")
     empty = verdicts.few_clients_part_empty(9.8, 18.8, 1.97, 4, 10.0, 8, 0.802, 0.4)
     assert empty.holds and "their calls ran part-empty (1.97 rows of 4 on average), consistent" in empty.sentence
-    assert "the median request took 2.0 calls (802 ms against 400 ms a call)" in empty.sentence
+    assert "the median request took 2.0 calls (802 ms against 400 ms a call), its own and the one it waited out." \
+        in empty.sentence
+    own = verdicts.few_clients_part_empty(9.8, 18.8, 1.97, 4, 10.0, 8, 0.41, 0.4)   # answered in its own call
+    assert own.holds and "took 1.0 calls (410 ms against 400 ms a call). Offer" in own.sentence
     assert not verdicts.few_clients_part_empty(17.0, 18.8, 3.8, 4, 10.0, 8, 0.45, 0.4)  # as full as with all clients
     assert not verdicts.few_clients_part_empty(9.8, 18.8, 3.6, 4, 10.0, 8, 0.45, 0.4)   # slower, yet full batches
 
