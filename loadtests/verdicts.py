@@ -1061,7 +1061,7 @@ def batches_past_users(largest_batch: float, users: int, open_rps: float, closed
     word = "grew past" if holds else "did not grow past"
     return Verdict("an open loop's batches grow past the closed loop's users", holds, word,
                    f"At about the same mean rate ({open_rps:.0f} against {closed_rps:.0f} requests/s) the open "
-                   f"loop's batches {word} the {users} rows {users} closed-loop users allow (its largest in a bin "
+                   f"loop's batches {word} the {users} rows that {users} closed-loop users allow (its largest in a bin "
                    f"up to {largest_batch:g} rows).")
 
 
@@ -2088,7 +2088,9 @@ def stalled_behind_parse(worst_s: float, parse_s: float, server: str,
     holds = worst_s > STALL_SHARE * parse_s
     word = "a stall" if holds else "no stall"
     whole = ("" if whole_decode_s is None else
-             f" ({whole_decode_s * 1e3:.0f} ms for its whole decode, the lists' conversion included)")
+             f" ({whole_decode_s * 1e3:.0f} ms for its whole decode, the lists' conversion included"
+             + ("; the wait outlasted even that: reading the body and one core shared by two threads may add "
+                "to it, not timed apart here)" if worst_s > whole_decode_s else ")"))
     return Verdict("a small request stalled behind the parse", holds, word,
                    f"On {server} the worst small request beside the large one waited {worst_s * 1e3:.0f} ms, "
                    f"against {parse_s * 1e3:.0f} ms for json.loads alone{whole}: {word} (one counts when it "

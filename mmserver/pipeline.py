@@ -32,7 +32,7 @@ the errors into status codes):
 
 A thread frees the event loop only while the work in it releases the GIL: numpy and
 torch mostly do, but ``json.loads`` of a large body holds it for the whole parse, so
-large inputs are best sent as ``.npy`` (notebook 04 measures both).
+large inputs are best sent as ``.npy`` (notebook 12 measures both).
 
 Steps 3 to 5 together are bounded by ``model_server_timeout_seconds`` (504). They are
 :meth:`InvocationPipeline.answer` in every process: only step 4 differs, the runner here
