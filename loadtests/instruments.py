@@ -235,10 +235,8 @@ def _unsigned_show(value: float, unit: str, with_unit: bool, scale_of: float | N
     if unit == "s":
         scale, name = _seconds_scale(abs(value if scale_of is None else scale_of))
         value *= scale
-        if decimals is None:
-            decimals = 0 if abs(value) >= 1000 else None
         if decimals is None:   # its significant digits, trailing zeros kept: 1.00 s, never 1 s
-            decimals = 0 if value == 0 else max(0, SECONDS_DIGITS - 1 - math.floor(math.log10(abs(value))))
+            decimals = _significant_decimals(value, SECONDS_DIGITS)
         number = f"{value:.{decimals}f}"
         return f"{number} {name}" if with_unit else number
     number = f"{value:.{OTHER_DIGITS}g}" if decimals is None else f"{value:.{decimals}f}"
@@ -255,9 +253,16 @@ def range_decimals(low: float, high: float, unit: str, scale_of: float | None = 
     if unit == "s":
         larger *= _seconds_scale(larger if scale_of is None else abs(scale_of))[0]
         digits = SECONDS_DIGITS
-    if larger == 0 or larger >= 1000:
+    return _significant_decimals(larger, digits)
+
+
+def _significant_decimals(value: float, digits: int) -> int:
+    """The decimals that write ``value`` to ``digits`` significant digits; whole numbers from
+    1000 on (and for 0)."""
+    magnitude = abs(value)
+    if magnitude == 0 or magnitude >= 1000:
         return 0
-    return max(0, digits - 1 - math.floor(math.log10(larger)))
+    return max(0, digits - 1 - math.floor(math.log10(magnitude)))
 
 
 def show_values(values: Sequence[float], unit: str, scale_of: float | None = None) -> list[str]:
