@@ -317,6 +317,15 @@ def least_queue_wait_s(max_queue_size: int, drain_rps: float) -> float:
     return max_queue_size / drain_rps
 
 
+def refill_s(max_batch_size: int, arriving_rps: float) -> float:
+    """How long arrivals take to fill the ``B`` places a batch frees in a full queue: ``B``
+    divided by the requests/s that reach the server, accepted and shed together. Far shorter
+    than a batch, the queue stays full, and an admitted request enters it just after a batch
+    left (:func:`full_queue_wait_s`'s upper case, less half of this)."""
+    _positive(max_batch_size=max_batch_size, arriving_rps=arriving_rps)
+    return max_batch_size / arriving_rps
+
+
 def shed_cost_s(capacity_rps: float, accepted_rps: float, shed_rps: float) -> float:
     """Server core seconds one shed request (503) costs: ``(1 − accepted/capacity) / shed``.
 

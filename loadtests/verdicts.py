@@ -1117,7 +1117,7 @@ def queue_bound_holds(wait: Measurement, drain: Measurement, batch: Measurement,
     band = definitions.NOISE_BAND
     least = definitions.least_queue_wait_s(max_queue_size, drain.value)
     most = definitions.full_queue_wait_s(max_queue_size, max_batch_size, drain.value)
-    refill = max_batch_size / (drain.value + drain.observed["shed_rps"])
+    refill = definitions.refill_s(max_batch_size, drain.value + drain.observed["shed_rps"])
     if refill >= 0.5 * batch.value:
         raise Incomparable(f"arrivals refilled a batch's {max_batch_size} places in {refill * 1e3:.0f} ms of a "
                            f"{batch.value * 1e3:.0f} ms batch: the queue did not stay full, so its bounds do not apply")

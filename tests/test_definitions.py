@@ -168,6 +168,14 @@ def test_least_queue_wait_is_the_queue_alone_over_the_drain_rate():
         d.least_queue_wait_s(0, 96.0)
 
 
+def test_refill_is_a_batch_s_places_over_what_reaches_the_server():
+    # 32 places freed, 1,388.7 requests/s reaching the server (accepted and shed): 23 ms
+    assert d.refill_s(32, 1388.7) == exactly(32 / 1388.7)
+    assert d.refill_s(16, 1600.0) == exactly(0.01)
+    with pytest.raises(ValueError, match="arriving_rps"):
+        d.refill_s(32, 0.0)
+
+
 def test_shed_cost_is_the_lost_share_of_answers_per_503():
     # capacity 100/s, 75/s accepted while shedding 500/s: a quarter of the core, 0.5 ms a 503
     assert d.shed_cost_s(100.0, 75.0, 500.0) == exactly(0.0005)
